@@ -94,6 +94,7 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     cluster = ClusterRetriever(dim, ClusterConfig(seed=cfg.seed)).build(vectors)
     cluster_build_s = time.perf_counter() - t0
     print(f"[bench] cluster retriever built in {cluster_build_s:.1f}s: {cluster.build_seconds}", file=sys.stderr)
+    cluster_pq = ClusterRetriever(dim, ClusterConfig(seed=cfg.seed, rerank="pq")).build(vectors)
     ivfpq = IVFPQIndex(dim, IVFPQConfig(nlist=cluster.nlist, m=cluster.config.pq_m, nprobe=cfg.ivfpq_nprobe))
     ivfpq.add(vectors)
 
@@ -101,9 +102,11 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     flat_ms, _ = time_per_query(flat.search, queries, cfg.k)
     ivfpq_ms, ivfpq_rows = time_per_query(ivfpq.search, queries, cfg.k)
 
-    for start in range(0, len(warmup), 64):  # warm-up in batches: batch search is also exercised
-        cluster.search(warmup[start:start + 64], cfg.k)
+    for index in (cluster, cluster_pq):
+        for start in range(0, len(warmup), 64):  # warm-up in batches: batch search is also exercised
+            index.search(warmup[start:start + 64], cfg.k)
     cluster_ms, cluster_rows = time_per_query(cluster.search, queries, cfg.k)
+    cluster_pq_ms, cluster_pq_rows = time_per_query(cluster_pq.search, queries, cfg.k)
     faiss.omp_set_num_threads(build_threads)
 
     return {
@@ -113,6 +116,11 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
         "cluster_recall_at_10": round(recall_at_k(cluster_rows, truth), 4),
         "speedup_vs_flat": round(flat_ms / cluster_ms, 2),
         "bytes_per_vector": round(cluster.bytes_per_vector(), 1),
+        "disk_bytes_per_vector": round(cluster.disk_bytes_per_vector(), 1),
+        "cluster_pq_ms": round(cluster_pq_ms, 4),
+        "cluster_pq_recall_at_10": round(recall_at_k(cluster_pq_rows, truth), 4),
+        "cluster_pq_speedup_vs_flat": round(flat_ms / cluster_pq_ms, 2),
+        "cluster_pq_bytes_per_vector": round(cluster_pq.bytes_per_vector(), 1),
         "flat_bytes_per_vector": round(flat.bytes_per_vector(), 1),
         "ivfpq_bytes_per_vector": round(ivfpq.bytes_per_vector(), 1),
         "ivfpq_nprobe": cfg.ivfpq_nprobe, "nlist": cluster.nlist,

@@ -10,14 +10,12 @@ from kunlunlab.retrieval import (ClusterConfig, IndexConfig, IndexMismatchError,
 from kunlunlab.retrieval.evaluation import gold_passage_recall, recall_at_k
 
 
-def _small_cluster():
-    return ClusterConfig(nlist=32, pq_m=16, refine_m=96)
-
-
-@pytest.mark.parametrize("kind", ["flat", "ivfpq", "hnsw", "cluster", "bm25"])
+@pytest.mark.parametrize("kind", ["flat", "ivfpq", "hnsw", "cluster", "cluster-pq", "bm25"])
 def test_round_trip_gives_identical_results(tmp_path, world, encoder, vectors, kind):
+    rerank = "pq" if kind == "cluster-pq" else "exact"
+    kind = kind.split("-")[0]
     config = IndexConfig(kind=kind, ivfpq=IVFPQConfig(nlist=32, m=16, nprobe=8),
-                         cluster=ClusterConfig(nlist=32, pq_m=16, adapt=False))
+                         cluster=ClusterConfig(nlist=32, pq_m=16, adapt=False, rerank=rerank))
     retriever = build_retriever(world.passages, config, encoder=encoder, vectors=vectors)
     queries = ["Who directed The Silent River?", "What is the capital of Valdoria?"]
     before = retriever.search(queries, k=5)

@@ -177,10 +177,12 @@ class ClusterRetriever:
         usable[usable] = self.cluster_sizes[clusters[usable]] > 0  # empty clusters get no share
         logits = scores / self.temperature() + c.weight_strength * self._log_weights[np.maximum(clusters, 0)]
         logits[~usable] = -np.inf
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        p = np.maximum(p, c.min_share) * usable  # cold-start floor
-        return p / p.sum(axis=1, keepdims=True)
+        top = logits.max(axis=1, keepdims=True)
+        top[~np.isfinite(top)] = 0.0  # a query whose considered clusters are all empty: all-zero row
+        p = np.exp(logits - top)
+        p = np.maximum(p / np.maximum(p.sum(axis=1, keepdims=True), 1e-30), c.min_share) * usable  # cold-start floor
+        total = p.sum(axis=1, keepdims=True)
+        return np.divide(p, total, out=np.zeros_like(p), where=total > 0)
 
     def search(self, queries: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Batch search: (scores, row ids), each (nq, k), best first."""
