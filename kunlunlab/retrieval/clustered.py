@@ -200,7 +200,8 @@ class ClusterRetriever:
         probe = quota >= 1.0
         probe[:, 0] = clusters[:, 0] >= 0  # always scan the nearest cluster
         # Unprobed slots are -1, which the IVF scan skips, so no re-ordering is needed.
-        self.ivf.nprobe = n_considered  # search_preassigned reads nprobe from the index (no per-call params)
+        if self.ivf.nprobe != n_considered:  # search_preassigned reads nprobe from the index (no per-call params)
+            self.ivf.nprobe = n_considered
         _, cand = self.ivf.search_preassigned(q, 2 * budget, np.where(probe, clusters, -1), centroid_scores)
         cand, slot = self._apply_quotas(cand, clusters, quota, budget)
         scores, rows = self._rerank(q, cand, slot, centroid_scores, k)
@@ -227,8 +228,15 @@ class ClusterRetriever:
         first, then the budget is filled with the best remaining ones (PQ order), so quota a small
         cluster cannot use flows to the others instead of being wasted."""
         nq, fetched = cand.shape
+        n_considered = clusters.shape[1]
         slot = self._slots(cand, clusters)
         valid = slot >= 0
+        # Fast path: if the best `budget` candidates (PQ order) already respect every quota, they are the answer.
+        head = slot[:, :budget]
+        counts = np.bincount((head + (np.arange(nq) * (n_considered + 1))[:, None] + 1).ravel(),
+                             minlength=nq * (n_considered + 1)).reshape(nq, n_considered + 1)[:, 1:]
+        if (counts <= np.ceil(quota)).all():
+            return np.where(head >= 0, cand[:, :budget], -1), head
         position = np.arange(fetched)[None, :]
         # Rank of each candidate inside its cluster: sort by (slot, PQ position), subtract group starts.
         rows_idx = np.arange(nq)[:, None]

@@ -27,7 +27,10 @@ class DenseIndex:
     """Base class: ``search(vectors, k) -> (scores, row_ids)`` with -1 ids for missing results."""
 
     kind: ClassVar[str] = ""
+    config_class: ClassVar[type | None] = None  # the dataclass of the index's knobs, if it has any
     index: faiss.Index
+    dim: int
+    config: object = None
 
     def add(self, vectors: np.ndarray) -> None:
         self.index.add(_as_matrix(vectors))
@@ -43,10 +46,20 @@ class DenseIndex:
         return _serialized_bytes(self.index) / max(1, self.ntotal)
 
     def params(self) -> dict:
-        return {}
+        return {"dim": self.dim, **(asdict(self.config) if self.config is not None else {})}
 
     def save(self, folder: Path) -> None:
         faiss.write_index(self.index, str(folder / "index.faiss"))
+
+    @classmethod
+    def load(cls, folder: Path, params: dict) -> "DenseIndex":
+        obj = cls.__new__(cls)
+        obj.dim = params["dim"]
+        if cls.config_class is not None:
+            names = cls.config_class.__dataclass_fields__
+            obj.config = cls.config_class(**{k: params[k] for k in names})
+        obj.index = faiss.read_index(str(folder / "index.faiss"))
+        return obj
 
 
 class FlatIndex(DenseIndex):
@@ -58,18 +71,8 @@ class FlatIndex(DenseIndex):
         self.dim = dim
         self.index = faiss.IndexFlatIP(dim)
 
-    def params(self) -> dict:
-        return {"dim": self.dim}
-
     def reconstruct(self, rows: np.ndarray) -> np.ndarray:
         return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
-
-    @classmethod
-    def load(cls, folder: Path, params: dict) -> "FlatIndex":
-        obj = cls.__new__(cls)
-        obj.dim = params["dim"]
-        obj.index = faiss.read_index(str(folder / "index.faiss"))
-        return obj
 
 
 @dataclass
@@ -84,6 +87,7 @@ class IVFPQIndex(DenseIndex):
     """Inverted file with product-quantised residuals; ``nprobe`` is set explicitly on every search."""
 
     kind = "ivfpq"
+    config_class = IVFPQConfig
 
     def __init__(self, dim: int, config: IVFPQConfig | None = None):
         self.dim = dim
@@ -104,16 +108,6 @@ class IVFPQIndex(DenseIndex):
         params = faiss.SearchParametersIVF(nprobe=int(nprobe or self.config.nprobe))
         return self.index.search(_as_matrix(queries), k, params=params)
 
-    def params(self) -> dict:
-        return {"dim": self.dim, **asdict(self.config)}
-
-    @classmethod
-    def load(cls, folder: Path, params: dict) -> "IVFPQIndex":
-        obj = cls.__new__(cls)
-        obj.dim = params["dim"]
-        obj.config = IVFPQConfig(**{k: params[k] for k in ("nlist", "m", "nbits", "nprobe")})
-        obj.index = faiss.read_index(str(folder / "index.faiss"))
-        return obj
 
 
 @dataclass
@@ -127,6 +121,7 @@ class HNSWIndex(DenseIndex):
     """Graph index: fast and accurate, but keeps full vectors (no memory saving)."""
 
     kind = "hnsw"
+    config_class = HNSWConfig
 
     def __init__(self, dim: int, config: HNSWConfig | None = None):
         self.dim = dim
@@ -138,16 +133,6 @@ class HNSWIndex(DenseIndex):
         params = faiss.SearchParametersHNSW(efSearch=max(k, self.config.ef_search))
         return self.index.search(_as_matrix(queries), k, params=params)
 
-    def params(self) -> dict:
-        return {"dim": self.dim, **asdict(self.config)}
-
-    @classmethod
-    def load(cls, folder: Path, params: dict) -> "HNSWIndex":
-        obj = cls.__new__(cls)
-        obj.dim = params["dim"]
-        obj.config = HNSWConfig(**{k: params[k] for k in ("m", "ef_construction", "ef_search")})
-        obj.index = faiss.read_index(str(folder / "index.faiss"))
-        return obj
 
 
 class BM25Index:

@@ -3,16 +3,15 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 from kunlunlab.data.loaders import load_corpus
 from kunlunlab.data.types import Passage
 from kunlunlab.models import canonical_embedder_name
-from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
+from kunlunlab.retrieval.clustered import ClusterRetriever
 from kunlunlab.retrieval.encoder import Encoder, corpus_fingerprint
-from kunlunlab.retrieval.indexes import BM25Index, FlatIndex, HNSWConfig, HNSWIndex, IVFPQConfig, IVFPQIndex
+from kunlunlab.retrieval.indexes import BM25Index, FlatIndex, HNSWIndex, IVFPQIndex
 from kunlunlab.retrieval.retriever import IndexConfig, Retriever
 
 MANIFEST = "manifest.json"
@@ -84,11 +83,7 @@ def load_retriever(folder: str | Path, embedder: str | None = None, passages: Se
         if encoder.dim != manifest["dim"]:
             raise IndexMismatchError(f"{folder}: index dimension {manifest['dim']} != embedder dimension {encoder.dim}")
     config = IndexConfig(kind=kind, embedder=manifest["embedder"])
-    if kind == "ivfpq":
-        config.ivfpq = IVFPQConfig(**{k: params[k] for k in asdict(IVFPQConfig())})
-    elif kind == "hnsw":
-        config.hnsw = HNSWConfig(**{k: params[k] for k in asdict(HNSWConfig())})
-    elif kind == "cluster":
-        config.cluster = ClusterConfig(**{k: params[k] for k in asdict(ClusterConfig())})
+    if kind in ("ivfpq", "hnsw", "cluster"):
+        setattr(config, kind, index.config)  # the knobs the index was saved with
     return Retriever(passages, index, encoder if kind != "bm25" else None, config,
                      fingerprint=manifest["corpus_fingerprint"])

@@ -1,0 +1,21 @@
+import json
+
+from kunlunlab import runner
+
+
+def test_failed_notebook_is_reported_not_raised(tmp_path, monkeypatch):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"), nbformat.v4.new_code_cell("1 / 0")]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "nbs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "99_broken.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    assert summary["ok"] is False
+    record = summary["notebooks"][0]
+    assert record["ok"] is False and "ZeroDivisionError" in record["error"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["ok"] is False
+    assert "FAILED" in (tmp_path / "run" / "summary.md").read_text()
