@@ -2,6 +2,8 @@
 import re
 import tomllib
 
+import yaml
+
 from kunlunlab.paths import PROJECT_ROOT
 
 CONDA_TO_PIP = {"pytorch": "torch", "faiss-gpu": "faiss-cpu"}
@@ -14,16 +16,13 @@ def _name(spec: str) -> str:
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
     wanted = {_name(d) for d in project["dependencies"]} | {_name(d) for d in project["optional-dependencies"]["dev"]}
-    names, in_pip = set(), False
-    for line in (PROJECT_ROOT / "environment.yml").read_text().splitlines():
-        stripped = line.split("#", 1)[0].strip()
-        if not stripped.startswith("- "):
-            continue
-        item = stripped[2:].strip()
-        if item == "pip:":
-            in_pip = True
-            continue
-        if item in ("pip", "-e .") or item.startswith("python="):
-            continue
-        names.add(CONDA_TO_PIP.get(_name(item), _name(item)))
+    env = yaml.safe_load((PROJECT_ROOT / "environment.yml").read_text())
+    names = set()
+    for item in env["dependencies"]:
+        specs = item["pip"] if isinstance(item, dict) else [item]
+        for spec in specs:
+            name = _name(spec)
+            if name in ("python", "pip", "-e"):
+                continue
+            names.add(CONDA_TO_PIP.get(name, name))
     assert names == wanted, f"only in environment.yml: {names - wanted}; only in pyproject: {wanted - names}"
