@@ -78,6 +78,7 @@ def test_empty_clusters_get_no_share_and_results_never_short(vectors, query_vect
     scores, clusters = cr.ivf.quantizer.search(query_vectors[:1], 8)
     cr.cluster_sizes = cr.cluster_sizes.copy()
     cr.cluster_sizes[clusters[0, 0]] = 0  # pretend the nearest cluster is empty
+    cr.refresh_tables()
     p = cr.cluster_probabilities(scores, clusters)
     assert p[0, 0] == 0 and p[0, 1:].sum() == pytest.approx(1.0)
     # A budget smaller than k and tiny clusters: the fallback still fills k results.
