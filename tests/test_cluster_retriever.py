@@ -85,6 +85,8 @@ def test_empty_clusters_get_no_share_and_results_never_short(vectors, query_vect
     cr.config.candidate_budget, cr.config.max_clusters = 4, 1
     _, rows = cr.search(query_vectors[:4], 20)
     assert (rows >= 0).all() and all(len(set(r)) == 20 for r in rows)
+    _, single = cr.search(query_vectors[0], 20)  # the single-query path takes the fallback too
+    np.testing.assert_array_equal(single[0], rows[0])
 
 
 @pytest.mark.parametrize("rerank", ["exact", "pq"])
@@ -94,3 +96,10 @@ def test_ram_is_an_eighth_of_flat_at_scale(rerank):
     x, _ = gaussian_vectors(30_000, 10, seed=1)
     cr = ClusterRetriever(x.shape[1], ClusterConfig(nlist=256, kmeans_iters=4, rerank=rerank)).build(x)
     assert cr.bytes_per_vector() <= 1536 / 8
+
+
+def test_single_query_fallback_may_consider_more_clusters_than_max_clusters(vectors, query_vectors):
+    # 8 considered clusters of ~23 vectors cannot fill k=200, so the fallback widens to 32 clusters.
+    cr = ClusterRetriever(vectors.shape[1], ClusterConfig(nlist=64, max_clusters=8, adapt=False)).build(vectors)
+    _, rows = cr.search(query_vectors[0], 200)
+    assert (rows >= 0).all() and len(set(rows[0])) == 200

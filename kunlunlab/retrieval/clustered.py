@@ -355,7 +355,7 @@ class ClusterRetriever:
         self._log_weights = np.log(self.weights)
         self._has_empty = bool((self.cluster_sizes == 0).any())
         self._slot_table = np.full(self.nlist + 1, -1, dtype=np.int32)
-        self._considered_positions = np.arange(max(self.config.max_clusters, 1), dtype=np.int32)
+        self._considered_positions = np.arange(max(self.nlist, 1), dtype=np.int32)  # the fallback may consider all
         self._pending_hits: list[np.ndarray] = []
         self._pending_queries = 0
 
