@@ -26,6 +26,12 @@ def test_exact_rerank_keeps_vectors_out_of_ram_accounting(built):
         assert built.disk_bytes_per_vector() == 0 and built.refine_codes.shape == (built.ntotal, built.config.refine_m)
 
 
+def test_dimension_that_does_not_fit_the_codes_is_a_clear_error():
+    x = np.random.default_rng(0).normal(size=(500, 100)).astype(np.float32)
+    with pytest.raises(ValueError, match="dimension 100 must be divisible by the 96 scan sub-quantizers"):
+        ClusterRetriever(100, ClusterConfig(nlist=8)).build(x)
+
+
 def test_unknown_rerank_mode_is_refused():
     with pytest.raises(ValueError, match="rerank must be"):
         ClusterRetriever(8, ClusterConfig(rerank="magic"))

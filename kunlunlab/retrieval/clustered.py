@@ -107,6 +107,12 @@ class ClusterRetriever:
         """``vectors`` may be a read-only memmap: with ``rerank="exact"`` it becomes the vector store as is."""
         n = len(vectors)
         c = self.config
+        sub_quantizers = 2 * c.pq_m if c.fast_scan else c.pq_m
+        if self.dim % sub_quantizers or (c.rerank == "pq" and self.dim % c.refine_m):
+            raise ValueError(f"dimension {self.dim} must be divisible by the {sub_quantizers} scan sub-quantizers "
+                             f"(pq_m={c.pq_m}, fast_scan={c.fast_scan})"
+                             + (f" and by refine_m={c.refine_m}" if c.rerank == "pq" else "")
+                             + ": choose pq_m (and refine_m) to fit the embedder")
         nlist = c.nlist or default_nlist(n)
         nlist = min(nlist, max(1, n // 8))
         rng = np.random.default_rng(c.seed)
