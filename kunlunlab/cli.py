@@ -65,9 +65,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_run_notebooks(args: argparse.Namespace) -> int:
-    from kunlunlab.runner import run_notebooks
+    from kunlunlab.runner import load_params, run_notebooks
 
-    summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only)
+    summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only, params=load_params(args.params))
     print(json.dumps({"run_dir": summary["run_dir"], "ok": summary["ok"]}))
     return 0 if summary["ok"] else 1
 
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")
     r.add_argument("--smoke", action="store_true", help="tiny parameters, as in the test suite")
     r.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01")
+    r.add_argument("--params", default=None, help="JSON of notebook name -> parameters (experiments/configs/)")
     r.set_defaults(func=cmd_run_notebooks)
     return parser
 

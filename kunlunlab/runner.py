@@ -41,13 +41,31 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
     return record
 
 
-def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None) -> dict:
+def load_params(path: str | Path | None) -> dict[str, dict]:
+    """A JSON file mapping notebook stems (e.g. ``01_index_build``) to papermill parameters."""
+    if path is None:
+        return {}
+    try:
+        params = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read notebook parameters from {path}: {err}") from err
+    known = {p.stem for p in notebooks()}
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        raise ValueError(f"{path}: expected an object of notebook name -> parameter object")
+    unknown = set(params) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown notebooks {sorted(unknown)}; known: {sorted(known)}")
+    return params
+
+
+def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None,
+                  params: dict[str, dict] | None = None) -> dict:
     run_dir = Path(out_dir) if out_dir else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for path in notebooks(only):
         print(f"[run] {path.name} ...", flush=True)
-        record = run_notebook(path, run_dir, smoke=smoke)
+        record = run_notebook(path, run_dir, smoke=smoke, extra=(params or {}).get(path.stem))
         print(f"[run] {path.name}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']}s)",
               flush=True)
         records.append(record)

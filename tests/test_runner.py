@@ -19,3 +19,19 @@ def test_failed_notebook_is_reported_not_raised(tmp_path, monkeypatch):
     assert record["ok"] is False and "ZeroDivisionError" in record["error"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["ok"] is False
     assert "FAILED" in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_experiment_configs_name_real_notebooks_and_bad_files_are_clear(tmp_path):
+    import pytest
+
+    from kunlunlab.paths import PROJECT_ROOT
+
+    for config in (PROJECT_ROOT / "experiments" / "configs").glob("*.json"):
+        assert runner.load_params(config)  # every shipped config loads and names known notebooks
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"99_nope": {}}')
+    with pytest.raises(ValueError, match="unknown notebooks"):
+        runner.load_params(bad)
+    bad.write_text("{oops")
+    with pytest.raises(ValueError, match="cannot read notebook parameters"):
+        runner.load_params(bad)
