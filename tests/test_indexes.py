@@ -95,3 +95,15 @@ def test_empty_inputs(world, encoder, vectors):
         build_retriever([], IndexConfig(kind="flat"))
     with pytest.raises(ValueError, match="unknown index kind"):
         IndexConfig(kind="annoy")
+
+
+def test_world_needs_iterative_search(world, questions, encoder, vectors):
+    """Per-hop retrieval finds the evidence, retrieval from the raw multi-hop question mostly does not."""
+    from kunlunlab.retrieval.evaluation import single_shot_support_recall
+
+    for config in (IndexConfig(kind="flat"), IndexConfig(kind="bm25")):
+        retriever = build_retriever(world.passages, config, encoder=encoder, vectors=vectors)
+        per_hop = gold_passage_recall(retriever.search, questions, k=5)
+        single = single_shot_support_recall(retriever.search, questions, k=5)
+        assert per_hop > 0.9
+        assert single["all_supports"] < 0.6 and single["support_recall"] < per_hop - 0.2

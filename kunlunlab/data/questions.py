@@ -35,18 +35,18 @@ def _compositional(world: World, rng: random.Random) -> QAExample | None:
                 return None
             answer = world.people[target].name
             return _example(world, "compositional", f"Who is the {relation} of the director of film {film.page_title}?",
-                            [answer], [first, Hop(f"Who is the {relation} of {d.title}?", answer,
+                            [answer], [first, Hop(f"Who is the {relation} of {d.name}?", answer,
                                                   world.passage("person", film.director))])
         city = world.cities[d.birthplace].name
         return _example(world, "compositional", f"Where was the director of film {film.page_title} born?", [city],
-                        [first, Hop(f"Where was {d.title} born?", city, world.passage("person", film.director))])
+                        [first, Hop(f"Where was {d.name} born?", city, world.passage("person", film.director))])
     c_idx = rng.randrange(len(world.companies))
     company = world.companies[c_idx]
     founder = world.people[company.founder]
     country = world.countries[world.cities[founder.birthplace].country].name
     return _example(world, "compositional", f"In which country was the founder of {company.name} born?", [country], [
         Hop(f"Who founded {company.name}?", founder.name, world.passage("company", c_idx)),
-        Hop(f"Which country is {founder.title} from?", country, world.passage("person", company.founder)),
+        Hop(f"Which country is {founder.name} from?", country, world.passage("person", company.founder)),
     ])
 
 
@@ -65,7 +65,7 @@ def _inference(world: World, rng: random.Random) -> QAExample | None:
     word = "spouse" if first_rel == "spouse" else first_rel
     return _example(world, "inference", f"Who is the {relation} of {person.title}?", [end.name], [
         Hop(f"Who is the {word} of {person.title}?", mid.name, world.passage("person", p_idx)),
-        Hop(f"Who is the {second_rel} of {mid.title}?", end.name, world.passage("person", middle)),
+        Hop(f"Who is the {second_rel} of {mid.name}?", end.name, world.passage("person", middle)),
     ])
 
 
@@ -118,8 +118,8 @@ def _bridge_comparison(world: World, rng: random.Random) -> QAExample | None:
     return _example(world, "bridge_comparison", question, [win.page_title, win.title], [
         Hop(f"Who directed {fa.page_title}?", da.name, world.passage("film", a)),
         Hop(f"Who directed {fb.page_title}?", db.name, world.passage("film", b)),
-        Hop(when.format(da.title), str(getattr(da, attr)), world.passage("person", fa.director)),
-        Hop(when.format(db.title), str(getattr(db, attr)), world.passage("person", fb.director)),
+        Hop(when.format(da.name), str(getattr(da, attr)), world.passage("person", fa.director)),
+        Hop(when.format(db.name), str(getattr(db, attr)), world.passage("person", fb.director)),
     ])
 
 

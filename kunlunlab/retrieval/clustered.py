@@ -134,7 +134,7 @@ class ClusterRetriever:
         self.ivf.by_residual = c.pq_by_residual
         self._own_quantizer = quantizer  # keep the Python object alive alongside the IVF
         self._nlist = nlist  # cached: reading it through SWIG costs microseconds on the hot path
-        self.ivf.train(sample)  # centroids already in the quantizer: trains the PQ on residuals only
+        self.ivf.train(sample)  # the quantizer already holds the centroids, so this trains the PQ codebooks only
         self.build_seconds["ivfpq_train"] = time.perf_counter() - t0 - self.build_seconds["kmeans"]
         self.centroids = centroids
         if c.rerank == "pq":

@@ -80,3 +80,15 @@ def supporting_title_recall(search: Callable[[list[str], int], list[list]], exam
         titles = {h.title for h in hits}
         scores.append(np.mean([t in titles for t in ex.supporting_titles]))
     return float(np.mean(scores))
+
+
+def single_shot_support_recall(search: Callable[[list[str], int], list[list]], examples: Sequence[QAExample],
+                               k: int = 5) -> dict[str, float]:
+    """Retrieval from the raw multi-hop question: mean share of gold passages in the top-k, and the share of
+    questions with *all* of them there. Low values are what make iterative search necessary."""
+    usable = [ex for ex in examples if ex.supporting_ids]
+    if not usable:
+        raise ValueError("these examples carry no supporting passage ids")
+    results = search([ex.question for ex in usable], k)
+    shares = [np.mean([pid in {h.id for h in hits} for pid in ex.supporting_ids]) for ex, hits in zip(usable, results)]
+    return {"support_recall": float(np.mean(shares)), "all_supports": float(np.mean([s == 1.0 for s in shares]))}
