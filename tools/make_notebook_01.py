@@ -21,6 +21,7 @@ across clusters, and re-ranks reconstructed vectors exactly."""),
 corpus = "world"          # "world", "hotpotqa_distractor", "2wiki" or a corpus file path
 n_passages = 10_000       # size of the synthetic world (the benchmark uses 100k)
 embedder = None           # None: embedded all-MiniLM-L6-v2; or a hub id / local path (e.g. intfloat/e5-base-v2)
+index_kinds = ["ivfpq", "cluster_pq", "hnsw", "bm25"]  # compared besides exact Flat and the cluster retriever
 nlist = 0                 # clusters (0: about 2*sqrt(N), a power of two)
 pq_m = 48                 # bytes of PQ code per vector (the dimension must divide by 2*pq_m)
 nprobe_grid = [1, 2, 4, 8, 16, 32, 64]
@@ -44,6 +45,9 @@ from kunlunlab.viz import recall_latency_figure, memory_figure, save_figure
 if smoke:  # tiny sizes so the test suite runs every cell in seconds
     n_passages, n_queries, nprobe_grid, budget_grid = 1_000, 40, [1, 4, 16], [32, 128]
 run_dir = Path(run_dir) if run_dir else None
+unknown = set(index_kinds) - {"ivfpq", "cluster_pq", "hnsw", "bm25"}
+if unknown:
+    raise ValueError(f"unknown index_kinds {sorted(unknown)}; choose from ivfpq, cluster_pq, hnsw, bm25")
 metrics = {}"""),
     md("""## The corpus
 
@@ -85,11 +89,16 @@ The inverted file scans only `nprobe` of `nlist` clusters; product quantisation 
 `pq_m` bytes. `nprobe` is always set explicitly."""),
     code("""faiss.omp_set_num_threads(faiss.omp_get_max_threads() if threads == 1 else threads)
 cluster = ClusterRetriever(encoder.dim, ClusterConfig(nlist=nlist, pq_m=pq_m, seed=seed)).build(vectors)
-ivfpq = IVFPQIndex(encoder.dim, IVFPQConfig(nlist=cluster.nlist, m=pq_m))
-ivfpq.add(vectors)
-ivf_points = sweep("IVF-PQ", "nprobe", [v for v in nprobe_grid if v <= cluster.nlist],
-                   lambda v: (lambda q, k: ivfpq.search(q, k, nprobe=v)), query_vectors, truth,
-                   ivfpq.bytes_per_vector(), threads)
+reference = {"exact Flat": (flat_ms, 1.0)}  # single points for the figure
+memory = {"Flat": flat.bytes_per_vector(), "cluster retriever (exact rerank)": cluster.bytes_per_vector()}
+ivf_points = []
+if "ivfpq" in index_kinds:
+    ivfpq = IVFPQIndex(encoder.dim, IVFPQConfig(nlist=cluster.nlist, m=pq_m))
+    ivfpq.add(vectors)
+    memory["IVF-PQ"] = ivfpq.bytes_per_vector()
+    ivf_points = sweep("IVF-PQ", "nprobe", [v for v in nprobe_grid if v <= cluster.nlist],
+                       lambda v: (lambda q, k: ivfpq.search(q, k, nprobe=v)), query_vectors, truth,
+                       ivfpq.bytes_per_vector(), threads)
 for p in ivf_points:
     print(f"nprobe={p.value:>4g}: {p.ms_per_query:.3f} ms, recall@10 {p.recall_at_k:.3f}")"""),
     md("""## The clustering retriever: recall–latency over the candidate budget
@@ -115,28 +124,28 @@ cluster.config.candidate_budget = ClusterConfig().candidate_budget
 for p in cluster_points:
     print(f"budget={p.value:>4g}: {p.ms_per_query:.3f} ms, recall@10 {p.recall_at_k:.3f}")
 
-faiss.omp_set_num_threads(faiss.omp_get_max_threads())
-cluster_pq = ClusterRetriever(encoder.dim, ClusterConfig(nlist=nlist, pq_m=pq_m, seed=seed, rerank="pq")).build(vectors)
-cluster_pq.search(query_vectors, 10)
-faiss.omp_set_num_threads(threads)
-pq_ms, pq_rows = time_per_query(cluster_pq.search, query_vectors, 10)
-pq_recall = recall_at_k(pq_rows, truth)
-print(f"rerank='pq' at the default budget: {pq_ms:.3f} ms, recall@10 {pq_recall:.3f}")"""),
-    code("""hnsw = HNSWIndex(encoder.dim)
-faiss.omp_set_num_threads(faiss.omp_get_max_threads())
-hnsw.add(vectors)
-faiss.omp_set_num_threads(threads)
-hnsw_ms, hnsw_rows = time_per_query(hnsw.search, query_vectors, 10)
+if "cluster_pq" in index_kinds:
+    faiss.omp_set_num_threads(faiss.omp_get_max_threads())
+    cluster_pq = ClusterRetriever(encoder.dim, ClusterConfig(nlist=nlist, pq_m=pq_m, seed=seed, rerank="pq")).build(vectors)
+    cluster_pq.search(query_vectors, 10)
+    faiss.omp_set_num_threads(threads)
+    pq_ms, pq_rows = time_per_query(cluster_pq.search, query_vectors, 10)
+    reference["cluster retriever, rerank=pq"] = (pq_ms, recall_at_k(pq_rows, truth))
+    memory["cluster retriever (pq rerank)"] = cluster_pq.bytes_per_vector()
+    print(f"rerank='pq' at the default budget: {pq_ms:.3f} ms, recall@10 {reference['cluster retriever, rerank=pq'][1]:.3f}")"""),
+    code("""if "hnsw" in index_kinds:
+    hnsw = HNSWIndex(encoder.dim)
+    faiss.omp_set_num_threads(faiss.omp_get_max_threads())
+    hnsw.add(vectors)
+    faiss.omp_set_num_threads(threads)
+    hnsw_ms, hnsw_rows = time_per_query(hnsw.search, query_vectors, 10)
+    reference["HNSW"] = (hnsw_ms, recall_at_k(hnsw_rows, truth))
+    memory["HNSW"] = hnsw.bytes_per_vector()
 
-fig = recall_latency_figure(ivf_points + cluster_points,
-                            {"exact Flat": (flat_ms, 1.0), "HNSW": (hnsw_ms, recall_at_k(hnsw_rows, truth)),
-                             "cluster retriever, rerank=pq": (pq_ms, pq_recall)})
+fig = recall_latency_figure(ivf_points + cluster_points, reference)
 save_figure(fig, run_dir, "recall_latency")
 fig"""),
     code("""# RAM-resident bytes; the exact-rerank cluster retriever also reads dim*4 bytes per candidate from disk
-memory = {"Flat": flat.bytes_per_vector(), "HNSW": hnsw.bytes_per_vector(), "IVF-PQ": ivfpq.bytes_per_vector(),
-          "cluster retriever (exact rerank)": cluster.bytes_per_vector(),
-          "cluster retriever (pq rerank)": cluster_pq.bytes_per_vector()}
 print(f"exact rerank also keeps {cluster.disk_bytes_per_vector():.0f} bytes/vector on disk (memory-mapped)")
 fig = memory_figure(memory)
 save_figure(fig, run_dir, "memory_per_vector")
@@ -153,13 +162,14 @@ world every hop of a question names its gold passage; we ask each index for the 
 sub-question (BM25 included for comparison), and, for contrast, retrieve once with the raw multi-hop
 question: the bridge entity is unknown then, so most questions do not get all their evidence. That gap
 is what the search-think agent closes by searching hop by hop."""),
-    code("""bm25 = BM25Index()
-bm25.add_texts([p.contents for p in passages])
-retrievers = {
+    code("""retrievers = {
     "Flat": Retriever(passages, flat, encoder, IndexConfig(kind="flat")),
     "cluster retriever": Retriever(passages, cluster, encoder, IndexConfig(kind="cluster")),
-    "BM25": Retriever(passages, bm25, None, IndexConfig(kind="bm25")),
 }
+if "bm25" in index_kinds:
+    bm25 = BM25Index()
+    bm25.add_texts([p.contents for p in passages])
+    retrievers["BM25"] = Retriever(passages, bm25, None, IndexConfig(kind="bm25"))
 gold, single_shot = {}, {}
 for name, r in retrievers.items():
     if corpus == "world":
@@ -172,11 +182,11 @@ print("single-shot (raw question) support recall@5:", json.dumps(single_shot, in
     code("""default_point = min(cluster_points, key=lambda p: abs(p.value - ClusterConfig().candidate_budget))
 metrics = {
     "n_passages": len(passages), "dim": encoder.dim, "nlist": cluster.nlist,
-    "flat_ms": round(flat_ms, 4), "hnsw_ms": round(hnsw_ms, 4),
+    "flat_ms": round(flat_ms, 4),
+    "single_points": {name: {"ms": round(ms, 4), "recall_at_10": round(r, 4)} for name, (ms, r) in reference.items()},
     "ivfpq": [{"nprobe": p.value, "ms": round(p.ms_per_query, 4), "recall_at_10": round(p.recall_at_k, 4)} for p in ivf_points],
     "cluster": [{"budget": p.value, "ms": round(p.ms_per_query, 4), "recall_at_10": round(p.recall_at_k, 4)} for p in cluster_points],
     "cluster_speedup_vs_flat": round(flat_ms / default_point.ms_per_query, 2),
-    "cluster_pq": {"ms": round(pq_ms, 4), "recall_at_10": round(pq_recall, 4)},
     "cluster_disk_bytes_per_vector": cluster.disk_bytes_per_vector(),
     "bytes_per_vector": {k: round(v, 1) for k, v in memory.items()},
     "gold_recall_at_5": {k: round(v, 4) for k, v in gold.items()},
