@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--kind", default="cluster", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
     b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
-    b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 4*sqrt(n))")
+    b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
     b.add_argument("--pq-m", type=int, default=48, help="bytes of scan code per vector")
     b.add_argument("--nprobe", type=int, default=16, help="IVF-PQ clusters scanned per query")
     b.add_argument("--candidate-budget", type=int, default=112, help="cluster retriever: re-ranked candidates")

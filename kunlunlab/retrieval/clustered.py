@@ -72,7 +72,8 @@ class ClusterRetriever:
         self.dim = dim
         self.config = config or ClusterConfig()
         self.step = 0  # queries served: the annealing clock
-        self.ivf: faiss.IndexIVFPQ | None = None
+        self.ivf: faiss.IndexIVF | None = None  # IVFPQFastScan by default, IVFPQ with fast_scan=False
+        self._nprobe = -1  # last nprobe written to the index (see _set_nprobe)
         self.refine_pq: faiss.ProductQuantizer | None = None
         self.refine_codes = np.zeros((0, self.config.refine_m), dtype=np.uint8)
         self.doc_cluster = np.zeros(0, dtype=np.int32)
@@ -224,8 +225,7 @@ class ClusterRetriever:
         probe = quota >= 1.0
         probe[:, 0] = clusters[:, 0] >= 0  # always scan the nearest cluster
         # Unprobed slots are -1, which the IVF scan skips, so no re-ordering is needed.
-        if self.ivf.nprobe != n_considered:  # search_preassigned reads nprobe from the index (no per-call params)
-            self.ivf.nprobe = n_considered
+        self._set_nprobe(n_considered)
         fetch = budget + budget // 4  # over-fetch, so quotas can trade a dominant cluster's tail for others
         _, cand = self.ivf.search_preassigned(q, fetch, np.where(probe, clusters, -1), centroid_scores)
         cand, slot = self._apply_quotas(cand, clusters, quota, budget)
@@ -237,6 +237,13 @@ class ClusterRetriever:
             self._record_hits(rows)
             self.step += len(q)
         return scores, rows
+
+    def _set_nprobe(self, nprobe: int) -> None:
+        """search_preassigned reads nprobe from the index (it takes no per-call parameters); the value is
+        cached here because reading it back through SWIG costs microseconds on every query."""
+        if nprobe != self._nprobe:
+            self.ivf.nprobe = nprobe
+            self._nprobe = nprobe
 
     def _slots(self, cand: np.ndarray, clusters: np.ndarray) -> np.ndarray:
         """For each candidate, the position of its cluster in the query's considered list (-1: none)."""
@@ -324,7 +331,7 @@ class ClusterRetriever:
         nonempty = int((self.cluster_sizes > 0).sum())
         nprobe = min(self.nlist, max(self.config.max_clusters, 1) * 4, max(nonempty, 1))
         centroid_scores, clusters = self.ivf.quantizer.search(q, nprobe)
-        self.ivf.nprobe = nprobe
+        self._set_nprobe(nprobe)
         _, cand = self.ivf.search_preassigned(q, max(self.config.candidate_budget, k), clusters, centroid_scores)
         return self._rerank(q, cand, self._slots(cand, clusters), centroid_scores, k)
 

@@ -109,7 +109,6 @@ class IVFPQIndex(DenseIndex):
         return self.index.search(_as_matrix(queries), k, params=params)
 
 
-
 @dataclass
 class HNSWConfig:
     m: int = 32
@@ -132,7 +131,6 @@ class HNSWIndex(DenseIndex):
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         params = faiss.SearchParametersHNSW(efSearch=max(k, self.config.ef_search))
         return self.index.search(_as_matrix(queries), k, params=params)
-
 
 
 class BM25Index:
