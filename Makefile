@@ -33,6 +33,7 @@ lab: setup
 
 bench: setup
 	$(BIN)/python -m kunlunlab.bench retrieval
+	$(BIN)/python -m kunlunlab.bench rollout
 
 clean:
 	rm -rf $(VENV) experiments/runs

@@ -2,6 +2,7 @@
 
     kunlunlab build-index --corpus world --n 20000 --kind cluster --out indexes/world20k
     kunlunlab serve-retriever --index indexes/world20k --port 8000
+    kunlunlab eval --dataset bamboogle --method kunlun --limit 20 --out runs/bamboogle.jsonl
     kunlunlab run-notebooks            # what `make run` does
 """
 from __future__ import annotations
@@ -64,12 +65,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_llm(args: argparse.Namespace) -> int:
+    from kunlunlab.agent.backends import TransformersBackend
+    from kunlunlab.agent.server import serve
+
+    serve(TransformersBackend(args.model), host=args.host, port=args.port)
+    return 0
+
+
 def cmd_run_notebooks(args: argparse.Namespace) -> int:
     from kunlunlab.runner import load_params, run_notebooks
 
     summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only, params=load_params(args.params))
     print(json.dumps({"run_dir": summary["run_dir"], "ok": summary["ok"]}))
     return 0 if summary["ok"] else 1
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from kunlunlab.eval.harness import EvalConfig, evaluate
+
+    config = EvalConfig(dataset=args.dataset, method=args.method, limit=args.limit, model=args.model,
+                        llm_url=args.llm_url, judge=args.judge, corpus=args.corpus, index_kind=args.index_kind,
+                        embedder=args.embedder, batch_size=args.batch_size, top_k=args.top_k, seed=args.seed,
+                        max_searches=args.max_searches, network_url=args.network_url, router=args.router)
+    summary = evaluate(config, args.out)
+    summary.pop("config")
+    print(json.dumps(summary))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +119,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--added-latency-ms", type=float, default=0.0, help="simulate a slower web-search tier")
     s.set_defaults(func=cmd_serve)
+
+    m = sub.add_parser("serve-llm", help="serve a local model on an OpenAI-compatible /v1/completions endpoint")
+    m.add_argument("--model", default=None, help="hub id or local path (default: embedded SmolLM2)")
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--port", type=int, default=8001)
+    m.set_defaults(func=cmd_serve_llm)
+
+    e = sub.add_parser("eval", help="run one method over one dataset; JSON summary as the last line")
+    e.add_argument("--dataset", required=True, help="'world', a benchmark name or a QA file in any supported layout")
+    e.add_argument("--method", default="kunlun", help="naive_gen, naive_rag, iter_retgen, ircot, search_o1, agent, kunlun")
+    e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
+    e.add_argument("--model", default=None, help="LLM hub id or local path (default: embedded SmolLM2)")
+    e.add_argument("--llm-url", default=None, help="OpenAI-compatible server (vLLM, SGLang) instead of a local model")
+    e.add_argument("--judge", default="same", help="'same' (the answering model), 'none', or a judge model")
+    e.add_argument("--corpus", default=None, help="corpus file (default: the dataset's own closed corpus)")
+    e.add_argument("--index-kind", default="flat", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
+    e.add_argument("--embedder", default=None)
+    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--top-k", type=int, default=3)
+    e.add_argument("--max-searches", type=int, default=8)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--network-url", default=None, help="retrieval service used as NLR's network tier")
+    e.add_argument("--router", default=None, help="trained NLR policy file (default: query both tiers)")
+    e.add_argument("--out", required=True, help="JSONL file, one record per question")
+    e.set_defaults(func=cmd_eval)
 
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")

@@ -53,3 +53,17 @@ def data_dir():
 
 def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-(queries @ vectors.T), axis=1)[:, :k]
+
+
+@pytest.fixture(scope="session")
+def backend():
+    from kunlunlab.agent.backends import TransformersBackend
+
+    return TransformersBackend()
+
+
+@pytest.fixture(scope="session")
+def world_retriever(world):
+    from kunlunlab.retrieval import IndexConfig, build_retriever
+
+    return build_retriever(world.passages, IndexConfig(kind="bm25"))

@@ -161,3 +161,38 @@ def parse_turn(text: str) -> Turn:
     if boxed:
         return Turn("answer", answer=boxed, answer_mode="short", think=think, issues=issues + ["missing_answer_tag"])
     return Turn("none", think=think, issues=issues + ["no_action"])
+
+
+# --- Baseline templates (Naive Generation, Naive RAG, Iter-RetGen, IRCoT, Search-o1, RDRA planning) ---------------
+DIRECT_SYSTEM = ("Answer the question. Think briefly if needed, then give only the final answer inside \\boxed{}, "
+                 "for example \\boxed{Paris}.")
+DOCS_USER_TEMPLATE = "Documents:\n{docs}\n\nQuestion: {question}"
+QUESTION_USER_TEMPLATE = "Question: {question}"
+IRCOT_SYSTEM = ("Answer the question by reasoning step by step, one short sentence at a time, using the documents. "
+                "When you know the answer, write: So the answer is \\boxed{answer}.")
+SEARCH_O1_SYSTEM = (
+    "You are a reasoning assistant with the ability to perform web searches to help you answer the user's question "
+    "accurately. Whenever you need outside knowledge, write <search> <query>your query</query> </search>; the system "
+    "returns the relevant documents inside <result> </result>. You can repeat the search process multiple times. "
+    "Reason about the documents inside <think> </think>, and once you have all the information you need, write the "
+    "final answer as <short_answer>\\boxed{answer}</short_answer>."
+)
+PLAN_SYSTEM = ("Before answering, plan the research. List the facts that must be looked up to answer the question, "
+               "one short search query per line. Do not answer the question.")
+PLAN_USER_TEMPLATE = "{background}Question: {question}\nSearch plan:"
+
+
+def numbered_docs(docs: list[str]) -> str:
+    return "\n".join(f"({i + 1}) {d.strip()}" for i, d in enumerate(docs)) or "(no documents)"
+
+
+def extract_final_answer(text: str) -> str | None:
+    """A baseline's answer: the last ``\\boxed{}``, else the phrase after "the answer is", else the first line."""
+    boxed = extract_boxed(text)
+    if boxed:
+        return boxed
+    m = re.search(r"answer is[:\s]*(.+?)(?:[.\n]|$)", text, re.I)
+    if m:
+        return m.group(1).strip() or None
+    cleaned = re.sub(r"<[^>]+>", " ", text).strip()
+    return cleaned.splitlines()[0].strip() if cleaned else None

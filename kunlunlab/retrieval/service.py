@@ -117,11 +117,14 @@ def free_port() -> int:
 class ServiceThread:
     """Runs the service on loopback in a background thread (notebooks, tests): ``with ServiceThread(r) as url:``."""
 
-    def __init__(self, retriever: Retriever, port: int | None = None, added_latency_ms: float = 0.0):
+    def __init__(self, retriever: Retriever | None = None, port: int | None = None, added_latency_ms: float = 0.0,
+                 app: FastAPI | None = None):
         import uvicorn
 
+        if (retriever is None) == (app is None):
+            raise ValueError("give either a retriever or an app")
         self.port = port or free_port()
-        config = uvicorn.Config(create_app(retriever, added_latency_ms), host="127.0.0.1", port=self.port,
+        config = uvicorn.Config(app or create_app(retriever, added_latency_ms), host="127.0.0.1", port=self.port,
                                 log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -135,7 +138,7 @@ class ServiceThread:
         deadline = time.time() + 20
         while not self.server.started:
             if time.time() > deadline or not self.thread.is_alive():
-                raise RetrievalServiceError(f"retrieval service did not start on port {self.port}")
+                raise RetrievalServiceError(f"service did not start on port {self.port}")
             time.sleep(0.02)
         return self.url
 

@@ -1,0 +1,397 @@
+"""Generation backends: one interface for a local transformers model and an OpenAI-compatible server.
+
+A backend opens a :class:`GenerationSession` over a batch of prompts (token ids). The session
+generates for any subset of its rows until each row hits a stop string, EOS or its token limit, and
+accepts appended tokens per row (the ``<result>`` blocks). The rollout engine drives every method
+through this interface, so the same pipeline runs on a laptop CPU and against a vLLM/SGLang node.
+
+The local session keeps one KV cache for the whole multi-turn rollout: appended tokens are
+prefilled into that cache and never re-encoded, rows that wait for others leave masked holes in
+the attention mask (their positions do not advance), and finished rows are compacted out of the
+batch. This is why a multi-turn rollout runs at close to the speed of plain batched generation.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from kunlunlab.agent.protocol import STOP_STRINGS
+
+# Stop strings are at most ~16 characters; this many trailing tokens always cover one.
+_STOP_WINDOW = 24
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"invalid sampling config: temperature={self.temperature}, top_p={self.top_p}")
+
+
+@dataclass
+class Segment:
+    """What one row generated in one call: token ids as sampled, their log-probabilities, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str  # "stop" (a stop string), "eos", "length"
+    stop_string: str | None = None
+
+    @property
+    def mean_logprob(self) -> float:
+        return sum(self.logprobs) / len(self.logprobs) if self.logprobs else float("-inf")
+
+
+class GenerationSession(Protocol):
+    def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
+                 stop: Sequence[str] = STOP_STRINGS) -> dict[int, Segment]: ...
+
+    def append(self, tokens: dict[int, list[int]]) -> None: ...
+
+    def release(self, rows: Sequence[int]) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    tokenizer: object
+
+    def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> GenerationSession: ...
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], assistant_prefix: str = "") -> list[int]:
+    """Token ids of a chat prompt ready for the assistant's turn (optionally with the start of its reply)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text + assistant_prefix, add_special_tokens=False)["input_ids"]
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def generate_once(backend: Backend, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  stop: Sequence[str] = STOP_STRINGS, sampling: SamplingConfig | None = None) -> list[Segment]:
+    """Single-turn batched generation (the baselines' workhorse)."""
+    if not prompts:
+        return []
+    session = backend.open(prompts, sampling)
+    out = session.generate(range(len(prompts)), max_new_tokens, stop)
+    session.release(range(len(prompts)))
+    return [out[i] for i in range(len(prompts))]
+
+
+def _eos_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for token in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+            ids.add(tid)
+    return ids
+
+
+def _find_stop(tokenizer, ids: list[int], stop: Sequence[str]) -> str | None:
+    if not stop:
+        return None
+    tail = tokenizer.decode(ids[-_STOP_WINDOW:], skip_special_tokens=False)
+    for s in stop:
+        if s in tail:
+            return s
+    return None
+
+
+class TransformersBackend:
+    """Local model; ``model``/``tokenizer`` given, or loaded by name (None: the embedded SmolLM2)."""
+
+    def __init__(self, name: str | None = None, model=None, tokenizer=None, device: str | None = None,
+                 dtype: str = "float32"):
+        if model is None or tokenizer is None:
+            from kunlunlab.models import load_llm
+
+            model, tokenizer = load_llm(name, dtype=dtype, device=device)
+        self.model, self.tokenizer = model, tokenizer
+        self.name = name or "smollm2-135m-instruct"
+        self.eos_ids = _eos_ids(tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> "TransformersSession":
+        return TransformersSession(self, prompts, sampling or SamplingConfig())
+
+
+class TransformersSession:
+    """A batch of rows sharing one KV cache; see the module docstring."""
+
+    def __init__(self, backend: TransformersBackend, prompts: Sequence[Sequence[int]], sampling: SamplingConfig):
+        import torch
+        from transformers import DynamicCache
+        from transformers.generation.logits_process import TopPLogitsWarper
+
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.backend, self.sampling = backend, sampling
+        self.torch = torch
+        self.top_p = TopPLogitsWarper(sampling.top_p) if sampling.top_p < 1.0 else None
+        self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        self.slots = list(range(len(prompts)))  # slot -> row id; compaction removes slots
+        self.cache = DynamicCache()
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), backend.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        self.mask = mask
+        self.positions = mask.sum(1)  # next position id of each slot
+        self.next_logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0))
+        self.tokens_processed = int(mask.sum())
+
+    # -- model calls -------------------------------------------------------------------------------------------
+    def _forward(self, ids, chunk_mask, position_ids):
+        """Feeds a chunk for every slot; returns each slot's logits at its last real position of the chunk."""
+        torch = self.torch
+        device = self.backend.device
+        with torch.no_grad():
+            out = self.backend.model(input_ids=ids.to(device), attention_mask=self.mask.to(device),
+                                     position_ids=position_ids.to(device), past_key_values=self.cache,
+                                     use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float().cpu()
+
+    def _slot(self, row: int) -> int:
+        return self.slots.index(row)
+
+    def _sample(self, logits):
+        torch = self.torch
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if self.sampling.temperature == 0:
+            chosen = logits.argmax(-1)
+        else:
+            scores = logits / self.sampling.temperature
+            if self.top_p is not None:
+                scores = self.top_p(None, scores)
+            chosen = torch.multinomial(torch.softmax(scores, -1), 1, generator=self.generator).squeeze(-1)
+        return chosen, logprobs.gather(-1, chosen[:, None]).squeeze(-1)
+
+    # -- the session interface ---------------------------------------------------------------------------------
+    def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
+                 stop: Sequence[str] = STOP_STRINGS) -> dict[int, Segment]:
+        torch = self.torch
+        rows = list(rows)
+        limits = max_new_tokens if isinstance(max_new_tokens, dict) else {r: max_new_tokens for r in rows}
+        active = {self._slot(r): r for r in rows if limits.get(r, 0) > 0}
+        gen: dict[int, list[int]] = {r: [] for r in rows}
+        lps: dict[int, list[float]] = {r: [] for r in rows}
+        finish: dict[int, tuple[str, str | None]] = {r: ("length", None) for r in rows}
+        n = len(self.slots)
+        while active:
+            chosen, logprob = self._sample(self.next_logits)
+            step_mask = torch.zeros((n, 1), dtype=torch.long)
+            step_ids = torch.full((n, 1), self.backend.pad_id, dtype=torch.long)
+            for slot, row in active.items():
+                step_mask[slot, 0] = 1
+                step_ids[slot, 0] = chosen[slot]
+                gen[row].append(int(chosen[slot]))
+                lps[row].append(float(logprob[slot]))
+            done = []
+            for slot, row in active.items():
+                token = gen[row][-1]
+                hit = None if token in self.backend.eos_ids else _find_stop(self.backend.tokenizer, gen[row], stop)
+                if token in self.backend.eos_ids:
+                    finish[row] = ("eos", None)
+                elif hit:
+                    finish[row] = ("stop", hit)
+                elif len(gen[row]) >= limits[row]:
+                    finish[row] = ("length", None)
+                else:
+                    continue
+                done.append(slot)
+            # Every generated token enters the cache, the last one included: the next call continues from it.
+            self.mask = torch.cat([self.mask, step_mask], dim=1)
+            logits = self._forward(step_ids, step_mask, self.positions[:, None].clone())
+            fed = step_mask[:, 0].bool()
+            self.next_logits[fed] = logits[fed]
+            self.positions += step_mask[:, 0]
+            self.tokens_processed += int(step_mask.sum())
+            for slot in done:
+                del active[slot]
+        tok = self.backend.tokenizer
+        return {r: Segment(gen[r], lps[r], tok.decode(gen[r], skip_special_tokens=False), *finish[r]) for r in rows}
+
+    def append(self, tokens: dict[int, list[int]]) -> None:
+        """Prefills each row's appended tokens into the cache (left-padded within the chunk)."""
+        torch = self.torch
+        tokens = {r: t for r, t in tokens.items() if t}
+        if not tokens:
+            return
+        n, width = len(self.slots), max(len(t) for t in tokens.values())
+        ids = torch.full((n, width), self.backend.pad_id, dtype=torch.long)
+        chunk_mask = torch.zeros((n, width), dtype=torch.long)
+        for row, toks in tokens.items():
+            slot = self._slot(row)
+            ids[slot, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
+            chunk_mask[slot, width - len(toks):] = 1
+        position_ids = self.positions[:, None] + (chunk_mask.cumsum(1) - 1).clamp(min=0)
+        self.mask = torch.cat([self.mask, chunk_mask], dim=1)
+        logits = self._forward(ids, chunk_mask, position_ids)
+        fed = chunk_mask.sum(1) > 0
+        self.next_logits[fed] = logits[fed]
+        self.positions += chunk_mask.sum(1)
+        self.tokens_processed += int(chunk_mask.sum())
+
+    def release(self, rows: Sequence[int]) -> None:
+        """Rows that are done leave the batch (their cache rows are dropped), so later steps cost less."""
+        gone = set(rows) & set(self.slots)
+        if not gone:
+            return
+        keep = [i for i, r in enumerate(self.slots) if r not in gone]
+        self.slots = [self.slots[i] for i in keep]
+        if not keep:
+            self.cache = None
+            return
+        index = self.torch.tensor(keep, dtype=self.torch.long)
+        self.cache.batch_select_indices(index.to(self.backend.device))
+        self.mask, self.positions, self.next_logits = self.mask[index], self.positions[index], self.next_logits[index]
+        # Columns masked in every remaining row carry no information: drop them from mask and cache alike.
+        live = self.mask.sum(0) > 0
+        if not bool(live.all()):
+            self._drop_columns(live)
+
+    def _drop_columns(self, live) -> None:
+        index = live.nonzero().squeeze(-1)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, index.to(layer.keys.device), :]
+            layer.values = layer.values[:, :, index.to(layer.values.device), :]
+        self.mask = self.mask[:, index]
+
+
+@dataclass
+class OpenAIBackend:
+    """An OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang, ``kunlunlab serve-llm``).
+
+    Prompts go as token ids and completions come back as token ids when the server supports vLLM's
+    ``return_tokens_as_token_ids``; otherwise the text is tokenised locally (documented fallback:
+    then token ids are the local tokenizer's). ``tokenizer`` is the model's tokenizer (name or path).
+    """
+
+    url: str
+    model: str
+    tokenizer_name: str | None = None
+    api_key: str | None = None
+    timeout: float = 120.0
+    retries: int = 2
+    name: str = field(init=False)
+
+    def __post_init__(self):
+        import httpx
+        from transformers import AutoTokenizer
+
+        from kunlunlab.models import resolve_llm
+
+        self.name = self.model
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = httpx.Client(timeout=self.timeout, headers=headers)
+        self.url = self.url.rstrip("/")
+        if not self.url.endswith("/v1"):
+            self.url += "/v1"
+
+    def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> "OpenAISession":
+        return OpenAISession(self, prompts, sampling or SamplingConfig())
+
+    def complete(self, prompts: list[list[int]], max_tokens: int, stop: Sequence[str],
+                 sampling: SamplingConfig) -> list[Segment]:
+        from kunlunlab.agent.errors import GenerationServiceError
+
+        payload = {"model": self.model, "prompt": prompts, "max_tokens": max_tokens,
+                   "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
+                   "stop": list(stop), "logprobs": 1, "include_stop_str_in_output": True,
+                   "return_tokens_as_token_ids": True, "skip_special_tokens": False}
+        last = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.http.post(self.url + "/completions", json=payload)
+            except Exception as err:  # httpx transport errors: connection refused, timeouts
+                last = err
+                continue
+            if response.status_code == 200:
+                return self._segments(response.json(), len(prompts), stop)
+            last = RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+            if response.status_code < 500:
+                break
+        raise GenerationServiceError(f"generation server {self.url} failed: {last}")
+
+    def _segments(self, data: dict, n: int, stop: Sequence[str]) -> list[Segment]:
+        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != n:
+            from kunlunlab.agent.errors import GenerationServiceError
+
+            raise GenerationServiceError(f"server returned {len(choices)} choices for {n} prompts")
+        out = []
+        for c in choices:
+            text = c.get("text", "")
+            lp = c.get("logprobs") or {}
+            tokens, token_lps = lp.get("tokens") or [], lp.get("token_logprobs") or []
+            stop_string = c.get("stop_reason") if isinstance(c.get("stop_reason"), str) else None
+            finish = {"stop": "stop", "length": "length"}.get(c.get("finish_reason"), "stop")
+            if finish == "stop" and stop_string and not text.endswith(stop_string):
+                text += stop_string  # servers that strip the stop string
+            if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+                ids = [int(t.split(":", 1)[1]) for t in tokens]
+                lps = [float(x) if x is not None else 0.0 for x in token_lps]
+            else:
+                ids = text_ids(self.tokenizer, text)
+                mean = sum(x for x in token_lps if x is not None) / max(1, len(token_lps))
+                lps = [mean] * len(ids)  # per-token values are not recoverable after re-tokenising
+            if finish == "stop" and stop_string is None:
+                stop_string = next((s for s in stop if text.endswith(s)), None)
+                if stop_string is None:
+                    finish = "eos"
+            out.append(Segment(ids, lps, text, finish, stop_string))
+        return out
+
+
+class OpenAISession:
+    """Keeps each row's full token list and re-sends it each turn (servers cache the shared prefix)."""
+
+    def __init__(self, backend: OpenAIBackend, prompts: Sequence[Sequence[int]], sampling: SamplingConfig):
+        self.backend, self.sampling = backend, sampling
+        self.ids = {i: list(p) for i, p in enumerate(prompts)}
+        self.tokens_processed = 0
+
+    def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
+                 stop: Sequence[str] = STOP_STRINGS) -> dict[int, Segment]:
+        rows = list(rows)
+        limits = max_new_tokens if isinstance(max_new_tokens, dict) else {r: max_new_tokens for r in rows}
+        out: dict[int, Segment] = {}
+        by_limit: dict[int, list[int]] = {}
+        for r in rows:
+            if limits.get(r, 0) > 0:
+                by_limit.setdefault(limits[r], []).append(r)
+            else:
+                out[r] = Segment([], [], "", "length")
+        for limit, group in by_limit.items():
+            segments = self.backend.complete([self.ids[r] for r in group], limit, stop, self.sampling)
+            for r, seg in zip(group, segments):
+                self.ids[r].extend(seg.token_ids)
+                out[r] = seg
+        return out
+
+    def append(self, tokens: dict[int, list[int]]) -> None:
+        for r, toks in tokens.items():
+            self.ids[r].extend(toks)
+
+    def release(self, rows: Sequence[int]) -> None:
+        for r in rows:
+            self.ids.pop(r, None)
+
+
+def mean_confidence(logprobs: Sequence[float]) -> float:
+    """Geometric-mean token probability in [0, 1] (exp of the mean log-prob); 0 for no tokens."""
+    return math.exp(sum(logprobs) / len(logprobs)) if logprobs else 0.0

@@ -1,0 +1,243 @@
+"""Every method as a batched pipeline on the same backend and search function, selectable by name.
+
+``naive_gen``   Naive Generation: the question alone.
+``naive_rag``   Naive RAG: top-k passages for the question, then answer.
+``iter_retgen`` Iter-RetGen (Shao et al., 2023): retrieve with question + last generation, T times.
+``ircot``       IRCoT (Trivedi et al., 2023): one reasoning sentence, retrieve with it, repeat.
+``search_o1``   a Search-o1-style agentic prompt on the multi-turn rollout engine.
+``agent``       the search-think protocol agent alone (no RDRA/STIE/NLR), an ablation.
+``kunlun``      KunLunBaizeRAG: RDRA background, the search-think agent, STIE over answer rounds,
+                NLR routing when a network tier is given.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
+from kunlunlab.agent.protocol import (DIRECT_SYSTEM, DOCS_USER_TEMPLATE, IRCOT_SYSTEM, QUESTION_USER_TEMPLATE,
+                                      SEARCH_O1_SYSTEM, SYSTEM_PROMPT, build_messages, extract_final_answer,
+                                      numbered_docs)
+from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
+from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
+from kunlunlab.agent.stie import STIEConfig, STIEController
+from kunlunlab.retrieval.service import RetrievalServiceError
+
+
+@dataclass
+class MethodConfig:
+    top_k: int = 3
+    answer_tokens: int = 64      # single-shot answers
+    iterations: int = 3          # Iter-RetGen
+    ircot_steps: int = 4
+    ircot_sentence_tokens: int = 48
+    max_doc_chars: int = 400
+    assistant_prefix: str = "<think>"  # how agent turns start
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rdra: RDRAConfig = field(default_factory=RDRAConfig)
+    stie: STIEConfig = field(default_factory=STIEConfig)
+    use_rdra: bool = True
+    use_stie: bool = True
+
+
+@dataclass
+class MethodOutput:
+    prediction: str | None
+    searches: int
+    doc_ids: list[str]
+    trajectory: dict
+
+
+class Method:
+    name = ""
+
+    def __init__(self, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None):
+        self.backend, self.search, self.config = backend, search, config or MethodConfig()
+        self.tok = backend.tokenizer
+        self.search_errors: list[str] = []
+
+    def run(self, questions: list[str]) -> list[MethodOutput]:
+        raise NotImplementedError
+
+    # helpers shared by the single-shot baselines
+    def _retrieve(self, queries: list[str]) -> list[list]:
+        if self.search is None:
+            raise ValueError(f"method {self.name!r} needs a retriever")
+        try:
+            return self.search(queries, self.config.top_k)
+        except RetrievalServiceError as err:  # defined fallback: answer without documents, record why
+            self.search_errors.append(str(err))
+            return [[] for _ in queries]
+
+    def _docs(self, hits: list) -> str:
+        cap = self.config.max_doc_chars
+        return numbered_docs([h.contents if len(h.contents) <= cap else h.contents[:cap] + "…" for h in hits])
+
+    def _answer(self, users: list[str], system: str = DIRECT_SYSTEM, max_tokens: int | None = None,
+                stop=()) -> list[str]:
+        prompts = [chat_prompt_ids(self.tok, [{"role": "system", "content": system},
+                                              {"role": "user", "content": u}]) for u in users]
+        eos = self.tok.eos_token or ""
+        return [s.text.replace(eos, "").strip()
+                for s in generate_once(self.backend, prompts, max_tokens or self.config.answer_tokens, stop=stop,
+                                       sampling=self.config.rollout.sampling)]
+
+
+class NaiveGeneration(Method):
+    name = "naive_gen"
+
+    def run(self, questions):
+        texts = self._answer([QUESTION_USER_TEMPLATE.format(question=q) for q in questions])
+        return [MethodOutput(extract_final_answer(t), 0, [], {"steps": [{"kind": "model", "text": t}]})
+                for t in texts]
+
+
+class NaiveRAG(Method):
+    name = "naive_rag"
+
+    def run(self, questions):
+        hits = self._retrieve(questions)
+        users = [DOCS_USER_TEMPLATE.format(docs=self._docs(h), question=q) for q, h in zip(questions, hits)]
+        texts = self._answer(users)
+        return [MethodOutput(extract_final_answer(t), 1, [x.id for x in h],
+                             {"steps": [{"kind": "search", "text": q, "queries": [q]},
+                                        {"kind": "result", "text": self._docs(h)}, {"kind": "model", "text": t}]})
+                for q, h, t in zip(questions, hits, texts)]
+
+
+class IterRetGen(Method):
+    name = "iter_retgen"
+
+    def run(self, questions):
+        generations = [""] * len(questions)
+        steps = [[] for _ in questions]
+        doc_ids = [[] for _ in questions]
+        for _ in range(self.config.iterations):
+            queries = [f"{q} {g}".strip() for q, g in zip(questions, generations)]
+            hits = self._retrieve(queries)
+            users = [DOCS_USER_TEMPLATE.format(docs=self._docs(h), question=q) for q, h in zip(questions, hits)]
+            generations = self._answer(users)
+            for i, (query, h, g) in enumerate(zip(queries, hits, generations)):
+                doc_ids[i].extend(x.id for x in h)
+                steps[i] += [{"kind": "search", "text": query, "queries": [query]},
+                             {"kind": "result", "text": self._docs(h)}, {"kind": "model", "text": g}]
+        return [MethodOutput(extract_final_answer(g), self.config.iterations, d, {"steps": s})
+                for g, d, s in zip(generations, doc_ids, steps)]
+
+
+class IRCoT(Method):
+    name = "ircot"
+
+    def run(self, questions):
+        cfg = self.config
+        hits = self._retrieve(questions)
+        docs = [list(h) for h in hits]
+        cot = [[] for _ in questions]
+        steps = [[{"kind": "search", "text": q, "queries": [q]}, {"kind": "result", "text": self._docs(h)}]
+                 for q, h in zip(questions, hits)]
+        searches = [1] * len(questions)
+        active = list(range(len(questions)))
+        for _ in range(cfg.ircot_steps):
+            if not active:
+                break
+            users = [DOCS_USER_TEMPLATE.format(docs=self._docs(docs[i][:2 * cfg.top_k]), question=questions[i])
+                     + ("\nReasoning so far: " + " ".join(cot[i]) if cot[i] else "") for i in active]
+            sentences = self._answer(users, IRCOT_SYSTEM, cfg.ircot_sentence_tokens, stop=("\n", ". "))
+            still = []
+            for i, s in zip(active, sentences):
+                cot[i].append(s)
+                steps[i].append({"kind": "model", "text": s})
+                if "answer is" not in s.lower() and "\\boxed" not in s and s:
+                    still.append(i)
+            if still and len(cot[still[0]]) < cfg.ircot_steps:
+                new = self._retrieve([cot[i][-1] for i in still])
+                for i, h in zip(still, new):
+                    seen = {d.id for d in docs[i]}
+                    docs[i] += [d for d in h if d.id not in seen]
+                    searches[i] += 1
+                    steps[i] += [{"kind": "search", "text": cot[i][-1], "queries": [cot[i][-1]]},
+                                 {"kind": "result", "text": self._docs(h)}]
+            active = still
+        return [MethodOutput(extract_final_answer(" ".join(c)), n, [d.id for d in ds], {"steps": s})
+                for c, n, ds, s in zip(cot, searches, docs, steps)]
+
+
+class _RolloutMethod(Method):
+    system_prompt = SYSTEM_PROMPT
+
+    def _rollout(self, questions: list[str], backgrounds: list[str | None], controller=None):
+        engine = RolloutEngine(self.backend, self.search, self.config.rollout)
+        prompts = [chat_prompt_ids(self.tok, build_messages(q, b, self.system_prompt), self.config.assistant_prefix)
+                   for q, b in zip(questions, backgrounds)]
+        trajs = engine.run(prompts, questions, controller, [self.config.assistant_prefix] * len(questions))
+        for t in trajs:
+            self.search_errors.extend(t.search_errors)
+        self.last_stats = engine.stats
+        return trajs
+
+
+def _prediction(answer: str | None, trajectory) -> tuple[str | None, str]:
+    """The agent's answer; without an answer tag, the same fallback extraction the baselines get (flagged)."""
+    if answer:
+        return answer, "answer_tag"
+    model_text = "".join(s["text"] for s in trajectory.steps if s["kind"] == "model")
+    return extract_final_answer(model_text.replace("<|im_end|>", "")), "fallback"
+
+
+class SearchO1(_RolloutMethod):
+    name = "search_o1"
+    system_prompt = SEARCH_O1_SYSTEM
+
+    def run(self, questions):
+        out = []
+        for t in self._rollout(questions, [None] * len(questions)):
+            prediction, source = _prediction(t.answer, t)
+            out.append(MethodOutput(prediction, t.n_searches, [d for ids in t.doc_ids for d in ids],
+                                    {**t.to_dict(), "answer_source": source}))
+        return out
+
+
+class SearchThinkAgent(SearchO1):
+    name = "agent"
+    system_prompt = SYSTEM_PROMPT
+
+
+class KunLun(_RolloutMethod):
+    name = "kunlun"
+
+    def run(self, questions):
+        cfg = self.config
+        t0 = time.perf_counter()
+        contexts = rdra_contexts(self.backend, self.search, questions, cfg.rdra) if cfg.use_rdra else None
+        rdra_s = time.perf_counter() - t0
+        controller = STIEController(cfg.stie) if cfg.use_stie else None
+        trajs = self._rollout(questions, [c.background for c in contexts] if contexts else [None] * len(questions),
+                              controller)
+        out = []
+        for i, t in enumerate(trajs):
+            record = t.to_dict()
+            prediction, source = _prediction((controller.final_answer(i) if controller else None) or t.answer, t)
+            record["answer_source"] = source
+            doc_ids = [d for ids in t.doc_ids for d in ids]
+            if contexts:
+                c = contexts[i]
+                record["rdra"] = {"plan": c.plan, "plan_queries": c.plan_queries, "doc_ids": c.doc_ids,
+                                  "background": c.background, "error": c.error, "seconds": rdra_s / len(questions)}
+                doc_ids = c.doc_ids + doc_ids
+                if c.error:
+                    self.search_errors.append(c.error)
+            record["stie_answer"] = prediction
+            out.append(MethodOutput(prediction, t.n_searches + (2 if contexts else 0), doc_ids, record))
+        return out
+
+
+METHODS: dict[str, Callable[..., Method]] = {m.name: m for m in
+                                            (NaiveGeneration, NaiveRAG, IterRetGen, IRCoT, SearchO1,
+                                             SearchThinkAgent, KunLun)}
+
+
+def make_method(name: str, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; choose from {sorted(METHODS)}")
+    return METHODS[name](backend, search, config)

@@ -1,0 +1,68 @@
+"""The local KV-cached backend against itself and the OpenAI-compatible backend against the local server."""
+import pytest
+
+from kunlunlab.agent.backends import OpenAIBackend, chat_prompt_ids, generate_once, text_ids
+from kunlunlab.agent.errors import GenerationServiceError
+from kunlunlab.agent.protocol import build_messages
+from kunlunlab.agent.server import create_app
+from kunlunlab.retrieval.service import ServiceThread, free_port
+
+QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "Name a primary colour."]
+
+
+@pytest.fixture(scope="module")
+def prompts(backend):
+    return [chat_prompt_ids(backend.tokenizer, build_messages(q)) for q in QUESTIONS]
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time_and_hf_generate(backend, prompts):
+    import torch
+
+    batched = generate_once(backend, prompts, 24, stop=())
+    for prompt, seg in zip(prompts, batched):
+        alone = generate_once(backend, [prompt], 24, stop=())[0]
+        assert alone.token_ids == seg.token_ids
+        assert len(seg.logprobs) == len(seg.token_ids) and all(lp <= 0 for lp in seg.logprobs)
+    reference = backend.model.generate(torch.tensor([prompts[0]]), max_new_tokens=len(batched[0].token_ids),
+                                       do_sample=False)
+    assert reference[0, len(prompts[0]):].tolist() == batched[0].token_ids
+
+
+def test_appended_tokens_continue_like_a_fresh_prompt_despite_holes(backend, prompts):
+    """Rows that wait leave masked holes; appended tokens are prefilled; nothing is re-encoded."""
+    session = backend.open(prompts)
+    first = session.generate([0, 1, 2], {0: 5, 1: 12, 2: 3}, stop=())  # different lengths leave holes
+    extra = {0: text_ids(backend.tokenizer, "\n<result>\n(1) Paris is the capital.\n</result>\n"),
+             2: text_ids(backend.tokenizer, " Also,")}
+    session.append(extra)
+    session.release([1])  # compaction in the middle of a rollout
+    second = session.generate([0, 2], 10, stop=())
+    for row in (0, 2):
+        fresh_prompt = prompts[row] + first[row].token_ids + extra[row]
+        fresh = generate_once(backend, [fresh_prompt], 10, stop=())[0]
+        assert fresh.token_ids == second[row].token_ids
+
+
+def test_stop_strings_end_a_row_and_are_kept(backend):
+    prompt = chat_prompt_ids(backend.tokenizer, build_messages("Who directed Jaws?"),
+                             "<think>I need to look this up.</think>\n<search>")
+    seg = generate_once(backend, [prompt], 40)[0]
+    assert seg.finish == "stop" and seg.stop_string == "</search>" and seg.text.endswith("</search>")
+
+
+def test_openai_backend_matches_the_local_backend_through_the_server(backend, prompts):
+    with ServiceThread(app=create_app(backend)) as url:
+        remote = OpenAIBackend(url, backend.name)
+        got = generate_once(remote, prompts[:2], 16, stop=())
+        session = remote.open(prompts[:1])
+        turn = session.generate([0], 40, stop=("</search>",))
+    want = generate_once(backend, prompts[:2], 16, stop=())
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert got[0].logprobs == pytest.approx(want[0].logprobs, abs=1e-4)
+    assert turn[0].token_ids and session.ids[0][len(prompts[0]):] == turn[0].token_ids
+
+
+def test_openai_backend_reports_a_dead_server_clearly(backend):
+    remote = OpenAIBackend(f"http://127.0.0.1:{free_port()}", backend.name, retries=0, timeout=2)
+    with pytest.raises(GenerationServiceError, match="generation server"):
+        generate_once(remote, [[1, 2, 3]], 4)

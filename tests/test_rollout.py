@@ -1,0 +1,130 @@
+"""The rollout engine: exact token mask, one retrieval call per turn, limits, and a dead search service."""
+import pytest
+
+from kunlunlab.agent.backends import Segment, chat_prompt_ids, text_ids
+from kunlunlab.agent.protocol import build_messages
+from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
+from kunlunlab.retrieval.retriever import Hit
+from kunlunlab.retrieval.service import RetrievalClient, free_port
+
+
+class ScriptedBackend:
+    """A test double of the backend: each row replays its scripted turns; it records what the engine appends."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer, scripts):
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.appended, self.turn_of = {}, {}
+
+    def open(self, prompts, sampling=None):
+        outer = self
+
+        class Session:
+            def generate(self, rows, max_new_tokens, stop=()):
+                out = {}
+                for r in rows:
+                    k = outer.turn_of.get(r, 0)
+                    outer.turn_of[r] = k + 1
+                    ids = text_ids(outer.tokenizer, outer.scripts[r][k])
+                    limit = max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens
+                    finish = "length" if len(ids) > limit else "stop"
+                    ids = ids[:limit]
+                    out[r] = Segment(ids, [-0.5] * len(ids), outer.tokenizer.decode(ids), finish)
+                return out
+
+            def append(self, tokens):
+                for r, ids in tokens.items():
+                    outer.appended.setdefault(r, []).append(list(ids))
+
+            def release(self, rows):
+                pass
+
+        return Session()
+
+
+class CountingSearch:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, queries, k):
+        self.calls.append(list(queries))
+        return [[Hit(f"{q}-{j}", f"passage {j} about {q}", 1.0 - j / 10) for j in range(k)] for q in queries]
+
+
+SCRIPTS = [
+    ["<think>first hop</think><search><query>alpha film</query></search>",
+     "<think>second</think><search><query>beta person</query><query>gamma city</query></search>",
+     "<short_answer>\\boxed{Delta}</short_answer>"],
+    ["<think>x</think><search><query>omega</query></search>", "<short_answer>\\boxed{Omega}</short_answer>"],
+    ["I just answer: \\boxed{42}"],
+]
+
+
+@pytest.fixture
+def tokenizer(backend):
+    return backend.tokenizer
+
+
+def test_mask_is_exact_and_all_queries_of_a_turn_go_in_one_call(tokenizer):
+    search = CountingSearch()
+    backend = ScriptedBackend(tokenizer, SCRIPTS)
+    trajs = RolloutEngine(backend, search, RolloutConfig(top_k=2)).run([[1, 2], [3], [4]], ["q0", "q1", "q2"])
+    assert search.calls == [["alpha film", "omega"], ["beta person", "gamma city"]]
+    for i, t in enumerate(trajs):
+        model_ids = [text_ids(tokenizer, s) for s in SCRIPTS[i]]
+        env_ids = backend.appended.get(i, [])
+        expected_ids, expected_mask = [], []
+        for k, ids in enumerate(model_ids):  # model turn, then what the engine appended after it
+            expected_ids += ids
+            expected_mask += [1] * len(ids)
+            if k < len(env_ids):
+                expected_ids += env_ids[k]
+                expected_mask += [0] * len(env_ids[k])
+        assert t.completion_ids == expected_ids and t.mask == expected_mask
+        assert sum(t.mask) == sum(len(x) for x in model_ids)
+    assert trajs[0].answer == "Delta" and trajs[0].n_searches == 2 and trajs[0].finish == "answer"
+    assert trajs[0].queries == [["alpha film"], ["beta person", "gamma city"]]
+    assert trajs[0].doc_ids[1] == ["beta person-0", "beta person-1", "gamma city-0", "gamma city-1"]
+    assert "passage 0 about gamma city" in trajs[0].text and "Query 2: gamma city" in trajs[0].text
+    assert trajs[2].answer == "42" and "missing_answer_tag" in trajs[2].issues
+    assert trajs[0].rounds[0].answer == "Delta" and trajs[0].rounds[0].doc_ids[-1] == "gamma city-1"
+
+
+def test_search_limit_repeated_queries_and_budget(tokenizer):
+    loop = ["<search><query>same thing</query></search>"] * 6
+    backend = ScriptedBackend(tokenizer, [loop, ["<search>" + "word " * 400]])
+    search = CountingSearch()
+    trajs = RolloutEngine(backend, search, RolloutConfig(max_searches=2, max_total_tokens=300)).run(
+        [[1], [2]], ["a", "b"])
+    assert search.calls == [["same thing"]]  # the repeat is blocked, not searched again
+    assert "repeated_query" in trajs[0].issues and trajs[0].n_searches == 2
+    assert trajs[0].finish == "search_limit" and "Search limit (2) reached" in trajs[0].text
+    assert trajs[1].finish == "budget" and len(trajs[1].completion_ids) <= 300
+
+
+def test_a_dead_search_service_gives_a_defined_fallback(tokenizer, caplog):
+    dead = RetrievalClient(f"http://127.0.0.1:{free_port()}", timeout=1, retries=0, backoff=0)
+    backend = ScriptedBackend(tokenizer, [SCRIPTS[1]])
+    traj = RolloutEngine(backend, dead.search).run([[1]], ["q"])[0]
+    assert traj.answer == "Omega" and traj.search_errors and "unavailable" in traj.search_errors[0]
+    assert "(search unavailable:" in traj.text
+    assert any("search failed" in r.message for r in caplog.records)
+
+
+def test_real_model_rollout_masks_exactly_the_result_tokens(backend, world, world_retriever, questions):
+    qs = [q.question for q in questions[:3]]
+    prefix = "<think>I need to look this up.</think>\n<search>"
+    prompts = [chat_prompt_ids(backend.tokenizer, build_messages(q), prefix) for q in qs]
+    engine = RolloutEngine(backend, world_retriever.search, RolloutConfig(max_total_tokens=200, max_turn_tokens=48))
+    trajs = engine.run(prompts, qs, prefixes=[prefix] * 3)
+    assert engine.stats.retrieval_calls >= 1
+    for t in trajs:
+        assert len(t.mask) == len(t.completion_ids) <= 200
+        result_steps = [s for s in t.steps if s["kind"] == "result"]
+        if result_steps:
+            ids = text_ids(backend.tokenizer, result_steps[0]["text"])
+            start = next(i for i in range(len(t.mask)) if t.mask[i] == 0)
+            assert t.completion_ids[start:start + len(ids)] == ids
+            assert t.mask[start:start + len(ids)] == [0] * len(ids)
+            assert all(m == 1 for m in t.mask[:start])
