@@ -307,6 +307,8 @@ class OpenAIBackend:
 
     def complete(self, prompts: list[list[int]], max_tokens: int, stop: Sequence[str],
                  sampling: SamplingConfig) -> list[Segment]:
+        import httpx
+
         from kunlunlab.agent.errors import GenerationServiceError
 
         payload = {"model": self.model, "prompt": prompts, "max_tokens": max_tokens,
@@ -317,7 +319,7 @@ class OpenAIBackend:
         for attempt in range(self.retries + 1):
             try:
                 response = self.http.post(self.url + "/completions", json=payload)
-            except Exception as err:  # httpx transport errors: connection refused, timeouts
+            except httpx.HTTPError as err:  # connection refused, timeouts
                 last = err
                 continue
             if response.status_code == 200:
