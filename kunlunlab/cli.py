@@ -3,6 +3,7 @@
     kunlunlab build-index --corpus world --n 20000 --kind cluster --out indexes/world20k
     kunlunlab serve-retriever --index indexes/world20k --port 8000
     kunlunlab eval --dataset bamboogle --method kunlun --limit 20 --out runs/bamboogle.jsonl
+    kunlunlab train --config experiments/configs/training/train_embedded_cpu.json --run-dir runs/train1
     kunlunlab run-notebooks            # what `make run` does
 """
 from __future__ import annotations
@@ -94,6 +95,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from kunlunlab.paths import new_run_dir
+    from kunlunlab.training.config import apply_overrides, config_from_dict, load_config
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    overrides = list(args.set or [])
+    try:
+        config = load_config(args.config, overrides)
+        if args.smoke:
+            config = config_from_dict(apply_overrides(apply_overrides(config.to_dict(), SMOKE_OVERRIDES), overrides))
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"kunlunlab train: {err}")
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(name=time.strftime("train-%Y%m%d-%H%M%S"))
+    summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
+    print(json.dumps({**summary, "run_dir": str(run_dir)}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kunlunlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--router", default=None, help="trained NLR policy file (default: query both tiers)")
     e.add_argument("--out", required=True, help="JSONL file, one record per question")
     e.set_defaults(func=cmd_eval)
+
+    t = sub.add_parser("train", help="progressive training: data mixing, SFT cold start, DAPO (notebook 04)")
+    t.add_argument("--config", default=None, help="JSON TrainConfig (experiments/configs/training/train_*.json)")
+    t.add_argument("--run-dir", default=None, help="run folder; an existing one is resumed (default: a new one)")
+    t.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="overrides, e.g. sft.learning_rate=5e-5")
+    t.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
+    t.set_defaults(func=cmd_train)
 
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")

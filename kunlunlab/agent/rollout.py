@@ -58,6 +58,7 @@ class Trajectory:
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampled tokens' log-probs; 0.0 for environment tokens
     steps: list[dict] = field(default_factory=list)  # {"kind": "model"|"result"|"feedback", "text", ...}
     queries: list[list[str]] = field(default_factory=list)
     doc_ids: list[list[str]] = field(default_factory=list)
@@ -88,6 +89,15 @@ class Trajectory:
         return d
 
 
+def result_block(hits_per_query: list[list], queries: list[str], max_chars: int) -> str:
+    """The ``<result>`` text for a search's hits (or plain strings), each passage capped at ``max_chars``.
+    Training data (:mod:`kunlunlab.data.mixing`) uses it too, so SFT sees exactly what rollouts append."""
+    docs = [hits if isinstance(hits, list) and hits and isinstance(hits[0], str) else
+            [h.contents if len(h.contents) <= max_chars else h.contents[:max_chars] + "…" for h in hits]
+            for hits in hits_per_query]
+    return format_results(docs, queries)
+
+
 class AnswerController(Protocol):
     def observe(self, sample: int, round_: AnswerRound) -> tuple[bool, str | None]:
         """(stop, feedback) after an answer round; ``feedback`` is appended when the sample continues."""
@@ -115,11 +125,7 @@ class RolloutEngine:
         self.stats = RolloutStats()
 
     def _result_block(self, hits_per_query: list[list], queries: list[str]) -> str:
-        cap = self.config.max_result_chars
-        docs = [hits if isinstance(hits, list) and hits and isinstance(hits[0], str) else
-                [h.contents if len(h.contents) <= cap else h.contents[:cap] + "…" for h in hits]
-                for hits in hits_per_query]
-        return format_results(docs, queries)
+        return result_block(hits_per_query, queries, self.config.max_result_chars)
 
     def _retrieve(self, queries: list[str], contexts: dict[str, dict]) -> tuple[dict[str, list], str | None]:
         """One call for all distinct queries of the turn; on a dead service a defined fallback."""
@@ -157,10 +163,11 @@ class RolloutEngine:
         round_queries: list[list[str]] = [[] for _ in trajs]
         round_docs: list[list[str]] = [[] for _ in trajs]
 
-        def add(i: int, ids: list[int], text: str, model: bool, **extra) -> None:
+        def add(i: int, ids: list[int], text: str, model: bool, logprobs: list[float] | None = None, **extra) -> None:
             t = trajs[i]
             t.completion_ids.extend(ids)
             t.mask.extend([1 if model else 0] * len(ids))
+            t.logprobs.extend(logprobs if logprobs is not None and len(logprobs) == len(ids) else [0.0] * len(ids))
             t.steps.append({"kind": "model" if model else extra.pop("kind", "result"), "text": text, **extra})
 
         def budget_left(i: int) -> int:
@@ -180,7 +187,7 @@ class RolloutEngine:
             done: list[int] = []
             for i in active:
                 seg, t = segments[i], trajs[i]
-                add(i, seg.token_ids, seg.text, model=True)
+                add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs)
                 self.stats.model_tokens += len(seg.token_ids)
                 turn = parse_turn(carry[i] + seg.text)
                 carry[i] = ""

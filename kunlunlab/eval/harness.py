@@ -36,6 +36,8 @@ class EvalConfig:
     seed: int = 0
     max_searches: int = 8
     max_total_tokens: int = 768
+    max_turn_tokens: int = 256
+    max_result_chars: int = 600
     stie_rounds: int = 2
     stie_collect: bool = False      # generate every STIE round (no early stop), to tune STIE on cached rounds
     network_url: str | None = None  # retrieval service for NLR's network tier
@@ -105,7 +107,9 @@ def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
                                     fixed_action=None if policy else "both")
     method_config = MethodConfig(top_k=config.top_k,
                                  rollout=RolloutConfig(max_searches=config.max_searches, top_k=config.top_k,
-                                                       max_total_tokens=config.max_total_tokens),
+                                                       max_total_tokens=config.max_total_tokens,
+                                                       max_turn_tokens=config.max_turn_tokens,
+                                                       max_result_chars=config.max_result_chars),
                                  stie=STIEConfig(max_rounds=config.stie_rounds,
                                                  **(COLLECT_ALL_ROUNDS if config.stie_collect else {})))
     return make_method(config.method, backend, search, method_config), retriever, backend

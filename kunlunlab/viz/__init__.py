@@ -1,6 +1,10 @@
 """Plotly figures for the notebooks; every figure is also written into the run folder."""
 from kunlunlab.viz.agent_views import method_bars, render_trajectory, results_table, stie_heatmaps, table_html
 from kunlunlab.viz.figures import memory_figure, recall_latency_figure, save_figure
+from kunlunlab.viz.training_views import (before_after_figure, data_figure, reward_components_figure, reward_table_html,
+                                          schedule_figure, training_curves)
 
-__all__ = ["memory_figure", "method_bars", "recall_latency_figure", "render_trajectory", "results_table",
-           "save_figure", "stie_heatmaps", "table_html"]
+__all__ = ["before_after_figure", "data_figure", "memory_figure", "method_bars", "recall_latency_figure",
+           "render_trajectory", "results_table", "reward_components_figure", "reward_table_html", "save_figure",
+           "schedule_figure",
+           "stie_heatmaps", "table_html", "training_curves"]

@@ -1,0 +1,354 @@
+"""Progressive noisy / high-quality data mixing (paper §3.5, eqs. 14-16).
+
+Trajectories are written in the search-think protocol, turn by turn, with the *real* retriever's
+results in every ``<result>`` block (formatted by the same function the rollout engine uses), so
+supervised fine-tuning sees exactly what inference will append.
+
+* **High quality**: the synthetic world's gold chains (think → search the sub-question → result →
+  state the hop's answer → … → ``\\boxed{}``; parallel hops go into one multi-query search) and
+  HotpotQA questions walked along their supporting-fact titles. The gold passage is always among
+  the results (it replaces the last hit when the retriever missed it).
+* **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
+  chain only, a cheap way to practise decomposing a question into its first search.
+* **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
+  ratio): *distractor* results (the gold passage is withheld; the model notices and searches the
+  entity's page), a *wrong hop* (a wrong intermediate answer is pursued, then corrected; the wrong
+  turn is masked out of the loss so the model learns the correction, not the error) and an
+  *irrelevant background* block in the prompt. Every noisy trajectory still ends at the gold answer.
+
+The schedule, per epoch e with turning epoch T:
+
+    p_hq(0) = p0                                   (eq. 14; p0 = 0.5: noisy : high quality = 1 : 1)
+    p_hq(e) = p0 + (1 - p0) · min(1, e/T)^γ        (eq. 15; the high-quality share reaches 1 at T)
+    ρ(e)    = ρ0 + (ρ_max - ρ0) · min(1, e/T)      (eq. 16; noisy samples get noisier until T)
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from kunlunlab.data.types import Passage, QAExample
+
+SearchFn = Callable[[list[str], int], list[list]]
+NOISE_KINDS = ("distractor", "wrong_hop", "background")
+
+
+@dataclass
+class MixingConfig:
+    epochs: int = 3
+    turning_epoch: int = 2           # T: from this epoch on, only high-quality data
+    hq_share_start: float = 0.5      # p0, eq. 14 (1:1 noisy to high quality)
+    hq_shape: float = 1.0            # γ, eq. 15 (1 = linear)
+    noise_start: float = 0.3         # ρ0, eq. 16
+    noise_end: float = 0.7           # ρ_max, eq. 16
+    samples_per_epoch: int = 64
+    hotpot_share: float = 0.25       # of each epoch's samples, taken from HotpotQA (when given)
+    first_turn_samples: int = 0      # extra per epoch: prompt + the first turn only (cheap decomposition practice)
+    noise_kinds: tuple[str, ...] = NOISE_KINDS
+    top_k: int = 2                   # passages per query in result blocks (match the rollout config)
+    max_result_chars: int = 300
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.turning_epoch < 0 or self.samples_per_epoch < 1 or self.first_turn_samples < 0:
+            raise ValueError(f"invalid mixing sizes: {self}")
+        for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.hq_shape <= 0:
+            raise ValueError("hq_shape must be positive")
+        self.noise_kinds = tuple(self.noise_kinds)
+        unknown = set(self.noise_kinds) - set(NOISE_KINDS)
+        if unknown or not self.noise_kinds:
+            raise ValueError(f"noise_kinds must be a non-empty subset of {NOISE_KINDS}, got {self.noise_kinds}")
+
+
+def _progress(epoch: int, cfg: MixingConfig) -> float:
+    return 1.0 if cfg.turning_epoch == 0 else min(1.0, epoch / cfg.turning_epoch)
+
+
+def hq_share(epoch: int, cfg: MixingConfig) -> float:
+    """Eqs. 14-15."""
+    return cfg.hq_share_start + (1.0 - cfg.hq_share_start) * _progress(epoch, cfg) ** cfg.hq_shape
+
+
+def noise_ratio(epoch: int, cfg: MixingConfig) -> float:
+    """Eq. 16."""
+    return cfg.noise_start + (cfg.noise_end - cfg.noise_start) * _progress(epoch, cfg)
+
+
+def schedule(cfg: MixingConfig) -> list[dict]:
+    return [{"epoch": e, "hq_share": hq_share(e, cfg), "noise_ratio": noise_ratio(e, cfg),
+             "n_hq": round(hq_share(e, cfg) * cfg.samples_per_epoch),
+             "n_noisy": cfg.samples_per_epoch - round(hq_share(e, cfg) * cfg.samples_per_epoch)}
+            for e in range(cfg.epochs)]
+
+
+# ---------------------------------------------------------------------------- trajectories
+@dataclass
+class TrajectoryExample:
+    """One training trajectory: the prompt's parts and the assistant's turns.
+
+    ``segments`` alternate between the model (``train`` True/False) and the environment (results);
+    the first model segment continues the assistant prefix ``<think>``."""
+
+    question: str
+    answers: list[str]
+    segments: list[dict]             # {"role": "model"|"env", "text": str, "train": bool}
+    background: str | None = None
+    source: str = "world"            # "world" | "hotpotqa"
+    quality: str = "hq"              # "hq" | "noisy"
+    noise: list[str] = field(default_factory=list)
+    hops: int = 0
+    qtype: str | None = None
+    epoch: int = 0
+    partial: bool = False            # only the first turn (a decomposition sample), not a whole trajectory
+
+    @property
+    def searches(self) -> int:
+        return sum(1 for s in self.segments if s["role"] == "env")
+
+    @property
+    def text(self) -> str:
+        return "<think>" + "".join(s["text"] for s in self.segments)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(searches=self.searches)
+        return d
+
+
+def _search_turn(think: str, queries: list[str]) -> str:
+    body = " ".join(f"<query>{q}</query>" for q in queries)
+    return f"{think}</think>\n<search> {body} </search>"
+
+
+def _answer_turn(think: str, answer: str) -> str:
+    return f"{think}</think>\n<short_answer>\\boxed{{{answer}}}</short_answer>"
+
+
+class TrajectoryBuilder:
+    """Writes trajectories with real retrieval; ``passages_by_id`` lets it insert a gold passage the
+    retriever missed and draw irrelevant ones for noise."""
+
+    def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig):
+        from kunlunlab.agent.rollout import result_block
+
+        self.search, self.cfg = search, cfg
+        self.passages = list(passages)
+        self.by_id = {p.id: p for p in self.passages}
+        self.by_title: dict[str, Passage] = {}
+        for p in self.passages:
+            self.by_title.setdefault(p.title, p)
+        self._block = result_block
+
+    # -- results
+    def _hits(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> list[list]:
+        from kunlunlab.retrieval.retriever import Hit
+
+        k = self.cfg.top_k
+        results = self.search(queries, k + len(withhold) + 1)
+        out = []
+        for hits, gold in zip(results, golds):
+            hits = [h for h in hits if h.id not in withhold][:k]
+            if gold and gold not in withhold and gold not in {h.id for h in hits} and gold in self.by_id:
+                p = self.by_id[gold]
+                hits = hits[:k - 1] + [Hit(p.id, p.contents, 0.0, p.title)]
+            out.append(hits)
+        return out
+
+    def _env(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> dict:
+        hits = self._hits(queries, golds, withhold)
+        return {"role": "env", "text": self._block(hits, queries, self.cfg.max_result_chars), "train": False}
+
+    # -- plans
+    @staticmethod
+    def _stages(ex: QAExample) -> list[list[int]]:
+        """Which hops are searched together: parallel hops (comparisons) share one multi-query search."""
+        n = len(ex.chain)
+        if ex.type == "comparison" and n == 2:
+            return [[0, 1]]
+        if ex.type == "bridge_comparison" and n == 4:
+            return [[0, 1], [2, 3]]
+        return [[i] for i in range(n)]
+
+    def world(self, ex: QAExample, rho: float = 0.0, rng: random.Random | None = None,
+              kinds: Sequence[str] = ()) -> TrajectoryExample:
+        """A gold-chain trajectory; with ``rho > 0`` each stage is corrupted with probability ``rho``."""
+        rng = rng or random.Random(0)
+        segs: list[dict] = []
+        noise: list[str] = []
+        facts = ""  # what the last turn learned; the next turn's think block states it
+        stages = self._stages(ex)
+
+        def model(text: str, train: bool = True) -> None:
+            segs.append({"role": "model", "text": text, "train": train})
+
+        for s, stage in enumerate(stages):
+            hops = [ex.chain[i] for i in stage]
+            queries = [h.question for h in hops]
+            golds = [h.passage_id for h in hops]
+            # The first turn continues the assistant prefix "<think>"; later turns open their own.
+            lead = ("<think>" if s else "") + (facts + " " if facts else "") + \
+                ("I need: " if s == 0 else "Next: ") + " ".join(queries)
+            kind = rng.choice(list(kinds)) if kinds and rng.random() < rho else None
+            model(_search_turn(lead, queries))
+            if kind == "distractor":
+                # The results miss the fact; the model says so and searches the entity's own page.
+                segs.append(self._env(queries, [None] * len(queries), withhold={g for g in golds if g}))
+                titles = [self.by_id[g].title for g in golds if g in self.by_id]
+                retry = titles or [q + " facts" for q in queries]
+                model(_search_turn("<think>The results do not answer this. I will search the page itself.", retry))
+                segs.append(self._env(retry, golds))
+                noise.append("distractor")
+            elif kind == "wrong_hop" and s + 1 < len(stages) and len(stage) == 1:
+                # A wrong intermediate answer is pursued (kept out of the loss), then corrected (trained).
+                segs.append(self._env(queries, golds))
+                wrong = self._wrong_answer(hops[0].answer, rng)
+                nxt = ex.chain[stages[s + 1][0]]
+                wrong_q = nxt.question.replace(hops[0].answer, wrong)
+                if wrong_q == nxt.question:
+                    wrong_q = f"{nxt.question} {wrong}"
+                model(_search_turn(f"<think>{hops[0].question} {wrong}. Next: {wrong_q}", [wrong_q]), train=False)
+                segs.append(self._env([wrong_q], [None]))
+                facts = f"Correction: {hops[0].question} {hops[0].answer}, not {wrong}."
+                noise.append("wrong_hop")
+                continue
+            else:
+                segs.append(self._env(queries, golds))
+            facts = " ".join(f"{h.question} {h.answer}." for h in hops)
+        if ex.type in ("comparison", "bridge_comparison"):
+            facts += f" So the answer is {ex.answers[0]}."
+        model(_answer_turn("<think>" + facts.strip(), ex.answers[0]))
+        background = None
+        if kinds and "background" in kinds and rng.random() < rho:
+            background = "\n".join(p.contents for p in rng.sample(self.passages, 2))
+            noise.append("background")
+        return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
+                                 "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
+
+    def _wrong_answer(self, answer: str, rng: random.Random) -> str:
+        for _ in range(20):
+            p = rng.choice(self.passages)
+            if p.title != answer and p.title.split(" (")[0] != answer:
+                return p.title.split(" (")[0]
+        return answer + " Jr."
+
+    def hotpot(self, ex: QAExample) -> TrajectoryExample:
+        """A HotpotQA question walked along its supporting titles (comparisons search both at once)."""
+        titles = [t for t in ex.supporting_titles if t in self.by_title][:2]
+        if not titles:
+            raise ValueError(f"HotpotQA example {ex.id}: no supporting title is in the corpus")
+        golds = [self.by_title[t].id for t in titles]
+        segs: list[dict] = []
+        stages = [titles] if ex.type == "comparison" else [[t] for t in titles]
+        gold_of = dict(zip(titles, golds))
+        for s, stage in enumerate(stages):
+            lead = ("<think>" if s else "") + ("I need: " if s == 0 else "Next: ") + " and ".join(stage)
+            segs.append({"role": "model", "text": _search_turn(lead, list(stage)), "train": True})
+            segs.append(self._env(list(stage), [gold_of[t] for t in stage]))
+        segs.append({"role": "model", "train": True, "text": _answer_turn(
+            f"<think>From {' and '.join(titles)}: the answer is {ex.answers[0]}.", ex.answers[0])})
+        return TrajectoryExample(ex.question, list(ex.answers), segs, None, "hotpotqa", "hq", [], len(titles), ex.type)
+
+
+def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: MixingConfig,
+        hotpot_builder: TrajectoryBuilder | None = None, hotpot_questions: Sequence[QAExample] = ()) -> list[TrajectoryExample]:
+    """All epochs of the schedule, in order (epoch 0 first): each epoch draws ``samples_per_epoch``
+    questions, ``n_hq`` of them high quality and the rest noisy at that epoch's noise ratio."""
+    rng = random.Random(cfg.seed)
+    out: list[TrajectoryExample] = []
+    for row in schedule(cfg):
+        n_hot = round(cfg.hotpot_share * cfg.samples_per_epoch) if hotpot_builder and hotpot_questions else 0
+        n_hot = min(n_hot, row["n_hq"])
+        n_world = cfg.samples_per_epoch - n_hot
+        picks = rng.sample(list(world_questions), min(n_world, len(world_questions)))
+        noisy_slots = set(rng.sample(range(len(picks)), min(row["n_noisy"], len(picks))))
+        epoch = []
+        for j, ex in enumerate(picks):
+            if j in noisy_slots:
+                # A noisy sample has at least one corrupted stage: retry with fresh draws a few times.
+                for _ in range(8):
+                    t = builder.world(ex, row["noise_ratio"], rng, cfg.noise_kinds)
+                    if t.noise:
+                        break
+            else:
+                t = builder.world(ex)
+            t.epoch = row["epoch"]
+            epoch.append(t)
+        for ex in rng.sample(list(hotpot_questions), min(n_hot, len(hotpot_questions))) if n_hot else []:
+            t = hotpot_builder.hotpot(ex)
+            t.epoch = row["epoch"]
+            epoch.append(t)
+        rest = [q for q in world_questions if q not in picks]
+        for ex in rng.sample(rest, min(cfg.first_turn_samples, len(rest))):
+            t = builder.world(ex)
+            t.segments, t.partial, t.epoch = t.segments[:1], True, row["epoch"]
+            epoch.append(t)
+        rng.shuffle(epoch)
+        out.extend(epoch)
+    return out
+
+
+def data_stats(trajectories: Sequence[TrajectoryExample], tokenizer=None) -> list[dict]:
+    """One row per trajectory for plots: epoch, quality, source, hops, searches, characters (tokens)."""
+    rows = []
+    for t in trajectories:
+        row = {"epoch": t.epoch, "quality": t.quality, "source": t.source, "type": t.qtype, "hops": t.hops,
+               "partial": t.partial,
+               "searches": t.searches, "chars": len(t.text), "noise": "+".join(t.noise) or "none"}
+        if tokenizer is not None:
+            row["tokens"] = len(tokenizer(t.text, add_special_tokens=False)["input_ids"])
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------- tokenisation for SFT
+def tokenize_trajectory(tokenizer, t: TrajectoryExample, system_prompt: str | None = None,
+                        assistant_prefix: str = "<think>") -> dict:
+    """``input_ids`` and ``completion_mask`` (1 = model token in the loss; 0 = prompt, retrieved results and
+    masked noise turns). Each segment is tokenised on its own, as the rollout engine appends it."""
+    from kunlunlab.agent.backends import chat_prompt_ids, text_ids
+    from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
+
+    prompt = chat_prompt_ids(tokenizer, build_messages(t.question, t.background, system_prompt or SYSTEM_PROMPT),
+                             assistant_prefix)
+    ids, mask = list(prompt), [0] * len(prompt)
+    for seg in t.segments:
+        seg_ids = text_ids(tokenizer, seg["text"])
+        ids.extend(seg_ids)
+        mask.extend([1 if seg["role"] == "model" and seg["train"] else 0] * len(seg_ids))
+    return {"input_ids": ids, "completion_mask": mask}
+
+
+# ---------------------------------------------------------------------------- RL prompts from the field's data
+def load_rl_prompts(path: str | Path, limit: int | None = None) -> list[QAExample]:
+    """Questions with gold answers for RL from ReSearch / ZeroSearch / Search-R1 data: the veRL layout
+    (``prompt``, ``reward_model.ground_truth``, ``extra_info``) as jsonl or parquet, or any QA layout
+    :func:`~kunlunlab.data.loaders.load_qa` reads."""
+    from kunlunlab.data.loaders import load_qa
+    from kunlunlab.data.types import DataFormatError
+
+    path = Path(path)
+    if path.suffix != ".parquet":
+        return load_qa(path, limit=limit)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    import datasets
+    import tempfile
+    import json
+
+    table = datasets.Dataset.from_parquet(str(path))
+    if "reward_model" not in table.column_names or "prompt" not in table.column_names:
+        raise DataFormatError(path, f"expected the veRL layout (prompt, reward_model, ...), got columns "
+                                    f"{table.column_names}")
+    rows = table.select(range(min(limit, len(table)))) if limit else table
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+        for row in rows:
+            f.write(json.dumps(row, default=str) + "\n")
+    try:
+        return load_qa(f.name, layout="searchr1")
+    finally:
+        Path(f.name).unlink()

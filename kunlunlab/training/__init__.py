@@ -1,0 +1,1 @@
+"""Training: dual-mode rewards, format cold start (SFT) and DAPO through TRL, the end-to-end pipeline."""

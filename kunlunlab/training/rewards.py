@@ -1,0 +1,224 @@
+"""Dual-mode rewards (paper §3.5, eqs. 17-18) and DAPO's overlong shaping, as TRL reward functions.
+
+    R_short = w_f·r_format + w_l·r_length + w_a·r_accuracy                      (eq. 17)
+    R_long  = w_f·r_format + w_l·r_length + w_a·r_accuracy + w_s·r_structure    (eq. 18)
+
+Every component lies in [0, 1]. The mode is the one the model chose (``<short_answer>`` or
+``<long_answer>``); the structure term is undefined (``None``) for short answers, which TRL's
+weighted ``nansum`` turns into eq. 17. Each component is its own TRL reward function, so
+``GRPOConfig.reward_weights`` are the w's and TRL logs every component separately.
+
+A reward reads the trajectory's *parse record* (:func:`parse_completion`): the rollout engine passes
+it through ``rollout_func``'s extra fields; plain completion text is parsed on the spot. Protocol
+violations score as the parser defines them (see :mod:`kunlunlab.agent.protocol`):
+
+================================  ============================================================
+record                            r_format
+================================  ============================================================
+answer tag + ``\\boxed``, no issue  1
+answer with issues                 0.5 minus 0.1 per further distinct issue (floor 0.1): missing box,
+                                   text after the answer, unclosed/nested tags, empty query
+no answer at all                   0
+================================  ============================================================
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kunlunlab.agent.protocol import ANSWER_TAGS, parse_turn
+from kunlunlab.eval.metrics import exact_match, f1
+
+_RESULT_BLOCK = re.compile(r"<result>.*?(?:</result>|$)", re.S)
+
+
+@dataclass
+class RewardConfig:
+    w_format: float = 0.2
+    w_length: float = 0.1
+    w_accuracy: float = 1.0
+    w_structure: float = 0.2
+    accuracy: str = "em"             # "em" or "f1" against the gold aliases
+    short_target_words: int = 6      # a short answer of up to this many words gets full length credit
+    long_min_words: int = 15         # a long answer's summary should fall inside [min, max] words
+    long_max_words: int = 120
+    overlong_max_tokens: int = 512   # DAPO soft overlong punishment: model tokens allowed ...
+    overlong_buffer: int = 128       # ... with a linear penalty over the last `buffer` of them
+
+    def __post_init__(self):
+        if self.accuracy not in ("em", "f1"):
+            raise ValueError(f"accuracy must be 'em' or 'f1', got {self.accuracy!r}")
+        if self.overlong_buffer < 0 or self.overlong_buffer > self.overlong_max_tokens:
+            raise ValueError("overlong_buffer must lie in [0, overlong_max_tokens]")
+
+    @property
+    def weights(self) -> list[float]:
+        """In the order of :func:`reward_functions`."""
+        return [self.w_format, self.w_length, self.w_accuracy, self.w_structure, 1.0]
+
+
+@dataclass
+class ParseRecord:
+    """What the rewards need to know about one trajectory."""
+
+    answer: str | None
+    mode: str | None                 # "short" | "long" | None
+    answer_body: str = ""            # text inside the answer tag
+    issues: list[str] = field(default_factory=list)
+    n_searches: int = 0
+    model_tokens: int | None = None
+    think_blocks: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ParseRecord":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def parse_completion(text: str, model_tokens: int | None = None) -> ParseRecord:
+    """Parses a whole trajectory text: result blocks are the environment's and are dropped; every model
+    turn (ending at ``</search>`` or an answer tag) is read with :func:`parse_turn`."""
+    model_text = _RESULT_BLOCK.sub("", text).replace("<|im_end|>", "")
+    turns = re.split(r"(?<=</search>)", model_text)
+    issues: list[str] = []
+    searches, final = 0, None
+    for segment in turns:
+        if not segment.strip():
+            continue
+        turn = parse_turn(segment)
+        issues.extend(i for i in turn.issues if i != "no_action" or segment is turns[-1])
+        if turn.kind == "search":
+            searches += 1
+        elif turn.kind == "answer":
+            final = turn
+            break
+    body = ""
+    if final is not None and final.answer_mode:
+        m = re.search(f"<{final.answer_mode}_answer>(.*?)(?:</{final.answer_mode}_answer>|$)", model_text, re.S)
+        body = m.group(1) if m else ""
+    return ParseRecord(answer=final.answer if final else None, mode=final.answer_mode if final else None,
+                       answer_body=body, issues=sorted(set(issues)), n_searches=searches,
+                       model_tokens=model_tokens, think_blocks=len(re.findall(r"<think>", model_text)))
+
+
+# ---------------------------------------------------------------------------- components, each in [0, 1]
+def format_score(rec: ParseRecord) -> float:
+    if rec.answer is None:
+        return 0.0
+    if not rec.issues:
+        return 1.0
+    return max(0.1, 0.5 - 0.1 * (len(set(rec.issues)) - 1))
+
+
+def _band(value: float, low: float, high: float) -> float:
+    """1 inside [low, high], falling linearly to 0 at half of low and at twice high."""
+    if value < low:
+        return max(0.0, (value - low / 2) / (low / 2)) if low > 0 else 1.0
+    if value > high:
+        return max(0.0, 1.0 - (value - high) / high)
+    return 1.0
+
+
+def length_score(rec: ParseRecord, cfg: RewardConfig) -> float:
+    """Short mode: the boxed answer is concise; long mode: the summary has a sensible length."""
+    if rec.answer is None:
+        return 0.0
+    if rec.mode == "long":
+        summary = re.sub(r"\\boxed\{.*\}", " ", rec.answer_body, flags=re.S)
+        return _band(len(summary.split()), cfg.long_min_words, cfg.long_max_words)
+    return _band(len(rec.answer.split()), 0, cfg.short_target_words)
+
+
+def accuracy_score(rec: ParseRecord, golds: list[str], cfg: RewardConfig) -> float:
+    if rec.answer is None or not golds:
+        return 0.0
+    return float(exact_match(rec.answer, golds)) if cfg.accuracy == "em" else f1(rec.answer, golds)
+
+
+def structure_score(rec: ParseRecord) -> float | None:
+    """Long answers only: the summary holds text besides the box, the box closes the summary, the reasoning
+    was written inside closed ``<think>`` blocks, and no tag is left unclosed or nested."""
+    if rec.mode != "long":
+        return None
+    body = rec.answer_body.strip()
+    box_at = body.rfind("\\boxed{")
+    checks = [
+        len(re.sub(r"\\boxed\{.*\}", "", body, flags=re.S).split()) >= 3,
+        box_at != -1 and len(body[box_at:].split("}", 1)[-1].split()) <= 3,
+        rec.think_blocks > 0 and not any(i.endswith(":think") for i in rec.issues),
+        not any(i.startswith(("unclosed", "nested")) for i in rec.issues),
+    ]
+    return sum(checks) / len(checks)
+
+
+def overlong_penalty(rec: ParseRecord, cfg: RewardConfig) -> float:
+    """DAPO's soft overlong punishment on model tokens (0 down to -1)."""
+    if rec.model_tokens is None:
+        return 0.0
+    start = cfg.overlong_max_tokens - cfg.overlong_buffer
+    if rec.model_tokens <= start:
+        return 0.0
+    if rec.model_tokens > cfg.overlong_max_tokens or cfg.overlong_buffer == 0:
+        return -1.0
+    return (start - rec.model_tokens) / cfg.overlong_buffer
+
+
+@dataclass
+class RewardBreakdown:
+    format: float
+    length: float
+    accuracy: float
+    structure: float | None
+    overlong: float
+    total: float
+    mode: str | None
+
+
+def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None = None) -> RewardBreakdown:
+    """Every component and the total of eq. 17 (short) or eq. 18 (long)."""
+    cfg = cfg or RewardConfig()
+    rec = parse_completion(record) if isinstance(record, str) else record
+    parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg), structure_score(rec),
+             overlong_penalty(rec, cfg))
+    total = sum(w * p for w, p in zip(cfg.weights, parts) if p is not None)
+    return RewardBreakdown(*parts, total=total, mode=rec.mode)
+
+
+# ---------------------------------------------------------------------------- TRL adapters
+def _records(completions, parse=None, **_) -> list[ParseRecord]:
+    if parse is not None:
+        return [p if isinstance(p, ParseRecord) else ParseRecord.from_dict(p) for p in parse]
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [parse_completion(t) for t in texts]
+
+
+def reward_functions(cfg: RewardConfig | None = None) -> list:
+    """TRL reward functions (``f(prompts, completions, **columns) -> list[float | None]``), in the order of
+    ``cfg.weights``. They read the dataset's ``answers`` column and the rollout's ``parse`` records."""
+    cfg = cfg or RewardConfig()
+
+    def format_reward(prompts, completions, **kw):
+        return [format_score(r) for r in _records(completions, **kw)]
+
+    def length_reward(prompts, completions, **kw):
+        return [length_score(r, cfg) for r in _records(completions, **kw)]
+
+    def accuracy_reward(prompts, completions, answers, **kw):
+        return [accuracy_score(r, g, cfg) for r, g in zip(_records(completions, **kw), answers)]
+
+    def structure_reward(prompts, completions, **kw):
+        return [structure_score(r) for r in _records(completions, **kw)]
+
+    def overlong_reward(prompts, completions, **kw):
+        return [overlong_penalty(r, cfg) for r in _records(completions, **kw)]
+
+    return [format_reward, length_reward, accuracy_reward, structure_reward, overlong_reward]
+
+
+def format_compliant(record: ParseRecord) -> bool:
+    """The protocol was followed end to end: an answer tag with a box and no issue on the way."""
+    return record.answer is not None and record.mode is not None and not record.issues
+
+
+__all__ = ["ANSWER_TAGS", "ParseRecord", "RewardBreakdown", "RewardConfig", "accuracy_score", "format_compliant",
+           "format_score", "length_score", "overlong_penalty", "parse_completion", "reward_functions", "score",
+           "structure_score"]

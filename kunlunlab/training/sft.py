@@ -1,0 +1,98 @@
+"""Stage 1, format cold start: TRL ``SFTTrainer`` on the mixed trajectories.
+
+The dataset is pre-tokenised (``input_ids`` + ``completion_mask``): TRL's own label builder turns
+``completion_mask == 0`` into ``-100``, so the prompt, every retrieved ``<result>`` block and the masked
+wrong turns of noisy trajectories carry no loss (eq. 19 applied to the cold start). Epochs of the
+mixing schedule are concatenated in order and read sequentially, so the curriculum is kept.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+from kunlunlab.data.mixing import TrajectoryExample, tokenize_trajectory
+from kunlunlab.training.config import SFTStageConfig
+
+log = logging.getLogger(__name__)
+
+
+def sft_dataset(tokenizer, trajectories: Sequence[TrajectoryExample], max_length: int, batch_size: int = 1,
+                seed: int = 0):
+    """A ``datasets.Dataset`` of ``input_ids`` / ``completion_mask`` in curriculum order. Within an epoch of
+    the schedule, trajectories of similar length are batched together (batches in random order), which
+    cuts padding on CPU without mixing epochs. Trajectories longer than ``max_length`` are dropped (and
+    counted in the log) rather than cut mid-protocol."""
+    import random
+
+    from datasets import Dataset
+
+    by_epoch: dict[int, list[dict]] = {}
+    dropped = 0
+    for t in trajectories:
+        row = tokenize_trajectory(tokenizer, t)
+        if len(row["input_ids"]) > max_length:
+            dropped += 1
+            continue
+        by_epoch.setdefault(t.epoch, []).append(row)
+    if dropped:
+        log.warning("dropped %d of %d trajectories longer than max_length=%d", dropped, len(trajectories), max_length)
+    if not by_epoch:
+        raise ValueError("no trajectory fits max_length; raise sft.max_length")
+    rng = random.Random(seed)
+    rows = []
+    for epoch in sorted(by_epoch):
+        ordered = sorted(by_epoch[epoch], key=lambda r: len(r["input_ids"]))
+        batches = [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+        rng.shuffle(batches)
+        rows.extend(r for b in batches for r in b)
+    return Dataset.from_list(rows)
+
+
+def freeze_for_sft(model, train_layers: int | None) -> int:
+    """Freezes the (tied) embeddings and, with ``train_layers``, every decoder layer below the top N.
+    Returns the number of trainable parameters."""
+    model.get_input_embeddings().weight.requires_grad_(False)
+    if train_layers is not None:
+        layers = model.model.layers
+        for layer in layers[:max(0, len(layers) - train_layers)]:
+            layer.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = False, deepspeed: str | None = None,
+             gradient_checkpointing: bool = False):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(output_dir), per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
+        lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
+        completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,
+        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=seed,
+        bf16=bf16, deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
+        disable_tqdm=True, use_cpu=not _has_accelerator(),
+    )
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, seed: int = 0,
+            callbacks: list | None = None, **arg_overrides):
+    """Trains in place; resumes from the last checkpoint in ``output_dir``. Returns the trainer."""
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTTrainer
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,
+                         processing_class=tokenizer, callbacks=callbacks)
+    last = get_last_checkpoint(str(output_dir))
+    if last:
+        log.info("resuming SFT from %s", last)
+    trainer.train(resume_from_checkpoint=last)
+    return trainer

@@ -1,0 +1,185 @@
+"""Progressive data mixing: the schedule against eqs. 14-16, trajectories with real retrieval, the SFT mask."""
+import json
+import random
+
+import pytest
+
+from kunlunlab.agent.protocol import parse_turn
+from kunlunlab.data.mixing import (NOISE_KINDS, MixingConfig, TrajectoryBuilder, data_stats, hq_share, load_rl_prompts,
+                                   mix, noise_ratio, schedule, tokenize_trajectory)
+from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+from kunlunlab.training.rewards import format_compliant, parse_completion
+
+
+@pytest.fixture(scope="module")
+def bm25(world):
+    return build_retriever(world.passages, IndexConfig(kind="bm25"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from kunlunlab.models import load_llm
+
+    return load_llm()[1]
+
+
+def test_schedule_follows_equations_14_to_16():
+    cfg = MixingConfig(epochs=6, turning_epoch=4, hq_share_start=0.5, hq_shape=2.0, noise_start=0.2, noise_end=0.8,
+                       samples_per_epoch=10)
+    assert hq_share(0, cfg) == 0.5                        # eq. 14: cold start at 1:1
+    for e in range(6):
+        progress = min(1.0, e / 4)
+        assert hq_share(e, cfg) == pytest.approx(0.5 + 0.5 * progress ** 2)      # eq. 15
+        assert noise_ratio(e, cfg) == pytest.approx(0.2 + 0.6 * progress)        # eq. 16
+    assert hq_share(4, cfg) == hq_share(5, cfg) == 1.0    # 100 % from the turning epoch on
+    rows = schedule(cfg)
+    assert [r["n_hq"] + r["n_noisy"] for r in rows] == [10] * 6 and rows[0]["n_noisy"] == 5 and rows[4]["n_noisy"] == 0
+    shares = [r["hq_share"] for r in rows]
+    assert shares == sorted(shares)
+
+
+def test_invalid_mixing_config_is_rejected():
+    with pytest.raises(ValueError, match="hq_share_start"):
+        MixingConfig(hq_share_start=1.5)
+    with pytest.raises(ValueError, match="noise_kinds"):
+        MixingConfig(noise_kinds=("typos",))
+
+
+def test_high_quality_trajectory_follows_the_gold_chain_with_real_results(world, questions, bm25):
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    for ex in questions[:10]:
+        t = builder.world(ex)
+        assert t.quality == "hq" and not t.noise
+        rec = parse_completion(t.text)
+        assert format_compliant(rec) and rec.answer == ex.answers[0]
+        env = [s["text"] for s in t.segments if s["role"] == "env"]
+        for hop in ex.chain:  # every gold passage is in some result block, the hop's answer with it
+            assert any(world.passages[int(hop.passage_id[1:])].title in block for block in env)
+        model_turns = [s for s in t.segments if s["role"] == "model"]
+        assert all(parse_turn(("<think>" if i == 0 else "") + s["text"]).kind in ("search", "answer")
+                   for i, s in enumerate(model_turns))
+
+
+def test_noisy_trajectories_still_reach_the_gold_answer(world, questions, bm25):
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    rng = random.Random(3)
+    seen = set()
+    for ex in questions[:30]:
+        t = builder.world(ex, rho=1.0, rng=rng, kinds=NOISE_KINDS)
+        seen.update(t.noise)
+        assert t.quality == "noisy" and parse_completion(t.text).answer == ex.answers[0]
+        if "wrong_hop" in t.noise:  # the wrong turn is out of the loss, the correction is in it
+            untrained = [s for s in t.segments if s["role"] == "model" and not s["train"]]
+            assert len(untrained) == 1
+            later = t.segments[t.segments.index(untrained[0]) + 2]
+            assert later["train"] and "Correction:" in later["text"]
+        if "distractor" in t.noise:
+            assert "The results do not answer this" in t.text
+        if "background" in t.noise:
+            assert t.background
+    assert seen == set(NOISE_KINDS)
+
+
+def test_sft_dataset_keeps_epochs_in_order_and_batches_similar_lengths(world, questions, bm25, tokenizer):
+    from kunlunlab.training.sft import sft_dataset
+
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, seed=2)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    ds = sft_dataset(tokenizer, trajs, 4096, batch_size=4)
+    lengths = [len(ids) for ids in ds["input_ids"]]
+    assert len(ds) == 16
+    for e in (0, 1):  # epoch 0 fills the first 8 rows, epoch 1 the next 8
+        want = sorted(tuple(tokenize_trajectory(tokenizer, t)["input_ids"]) for t in trajs if t.epoch == e)
+        assert sorted(tuple(ids) for ids in ds["input_ids"][8 * e:8 * e + 8]) == want
+    for b in range(0, 16, 4):  # within a batch lengths are sorted: similar lengths share a batch
+        assert lengths[b:b + 4] == sorted(lengths[b:b + 4])
+
+
+def test_mix_obeys_the_schedule_epoch_by_epoch(world, questions, bm25):
+    cfg = MixingConfig(epochs=3, turning_epoch=2, samples_per_epoch=12, seed=1)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    assert [t.epoch for t in trajs] == sorted(t.epoch for t in trajs)  # curriculum order
+    for row in schedule(cfg):
+        epoch = [t for t in trajs if t.epoch == row["epoch"]]
+        assert len(epoch) == 12 and sum(t.quality == "noisy" for t in epoch) == row["n_noisy"]
+    stats = data_stats(trajs)
+    assert {"epoch", "quality", "hops", "searches", "chars"} <= set(stats[0])
+
+
+def test_first_turn_samples_hold_the_decomposition_only(world, questions, bm25):
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=6, first_turn_samples=3, seed=4)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    partial = [t for t in trajs if t.partial]
+    assert len(partial) == 6 and len(trajs) == 18
+    for t in partial:
+        assert len(t.segments) == 1 and t.segments[0]["role"] == "model"
+        turn = parse_turn("<think>" + t.segments[0]["text"])
+        assert turn.kind == "search" and turn.queries
+    for e in (0, 1):  # the first-turn questions are not the epoch's full-trajectory questions
+        full = {t.question for t in trajs if t.epoch == e and not t.partial}
+        assert not full & {t.question for t in partial if t.epoch == e}
+
+
+def test_sft_tokens_mask_exactly_prompt_results_and_wrong_turns(world, questions, bm25, tokenizer):
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    t = builder.world(questions[1], rho=1.0, rng=random.Random(0), kinds=("wrong_hop",))
+    row = tokenize_trajectory(tokenizer, t)
+    ids, mask = row["input_ids"], row["completion_mask"]
+    assert len(ids) == len(mask)
+    trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    untrained = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
+    assert "<result>" not in trained and "<result>" in untrained
+    assert "<question>" in untrained and "<short_answer>" in trained
+    for seg in t.segments:
+        assert (seg["text"].strip() in trained) == (seg["role"] == "model" and seg["train"])
+
+
+def test_sft_collator_of_trl_keeps_the_mask(world, questions, bm25, tokenizer):
+    """TRL's own label builder and collator turn completion_mask == 0 into -100, nothing else."""
+    from trl import SFTConfig, SFTTrainer
+
+    from kunlunlab.models import load_llm
+    from kunlunlab.training.sft import sft_dataset
+
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    trajs = [builder.world(q) for q in questions[:2]]
+    model, tok = load_llm()
+    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=sft_dataset(tok, trajs, 2048),
+                         args=SFTConfig(output_dir="/tmp/kunlunlab-collator-test", completion_only_loss=True,
+                                        report_to=[], use_cpu=True, per_device_train_batch_size=2))
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape[0] == 2
+    for t in trajs:
+        want = tokenize_trajectory(tok, t)
+        n = len(want["input_ids"])
+        row = [r for r in range(2) if batch["input_ids"][r, :n].tolist() == want["input_ids"]]
+        assert len(row) == 1, "every trajectory is in the batch, unchanged"
+        labels = batch["labels"][row[0]].tolist()
+        assert labels[:n] == [i if m else -100 for i, m in zip(want["input_ids"], want["completion_mask"])]
+        assert all(v == -100 for v in labels[n:])  # padding
+
+
+def test_rl_prompts_from_the_search_r1_layout(tmp_path, data_dir):
+    examples = load_rl_prompts(data_dir / "musique/test.jsonl", limit=3)
+    assert len(examples) == 3 and all(ex.question and ex.answers for ex in examples)
+    import datasets
+
+    rows = [json.loads(line) for line in (data_dir / "bamboogle/test.jsonl").read_text().splitlines()[:4]]
+    path = tmp_path / "zerosearch.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    parquet = load_rl_prompts(path)
+    assert [ex.answers for ex in parquet] == [ex.answers for ex in load_rl_prompts(data_dir / "bamboogle/test.jsonl",
+                                                                                   limit=4)]
+
+
+def test_rl_prompts_reject_a_wrong_parquet_layout(tmp_path):
+    import datasets
+
+    from kunlunlab.data.types import DataFormatError
+
+    path = tmp_path / "bad.parquet"
+    datasets.Dataset.from_list([{"q": "x"}]).to_parquet(str(path))
+    with pytest.raises(DataFormatError, match="veRL layout"):
+        load_rl_prompts(path)
+    with pytest.raises(FileNotFoundError):
+        load_rl_prompts(tmp_path / "missing.parquet")

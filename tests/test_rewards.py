@@ -1,0 +1,78 @@
+"""Dual-mode rewards (eqs. 17-18) on the hand-written cases, the parse record, and the TRL adapters."""
+import math
+
+import pytest
+
+from kunlunlab.training.reward_cases import REWARD_CASES
+from kunlunlab.training.rewards import (ParseRecord, RewardConfig, overlong_penalty, parse_completion,
+                                        reward_functions, score)
+
+
+@pytest.mark.parametrize("case", REWARD_CASES, ids=lambda c: c["name"])
+def test_each_component_on_the_hand_written_cases(case):
+    record = parse_completion(case["text"], model_tokens=case.get("model_tokens"))
+    got = score(record, case["golds"])
+    for key, want in case["expect"].items():
+        value = getattr(got, key)
+        assert (value is None) if want is None else math.isclose(value, want, abs_tol=1e-9), (key, value, want)
+
+
+def test_totals_follow_eq17_for_short_and_eq18_for_long_answers():
+    cfg = RewardConfig(w_format=0.3, w_length=0.2, w_accuracy=1.5, w_structure=0.7)
+    by_name = {c["name"]: c for c in REWARD_CASES}
+    short = score(by_name["correct"]["text"], by_name["correct"]["golds"], cfg)
+    assert short.mode == "short" and short.structure is None
+    assert math.isclose(short.total, 0.3 * 1 + 0.2 * 1 + 1.5 * 1)
+    long = score(by_name["long answer, box only"]["text"], by_name["long answer, box only"]["golds"], cfg)
+    assert long.mode == "long"
+    assert math.isclose(long.total, 0.3 * 1 + 0.2 * 0 + 1.5 * 1 + 0.7 * 0.75)
+
+
+def test_ranking_of_cases_matches_intent():
+    totals = {c["name"]: score(parse_completion(c["text"], c.get("model_tokens")), c["golds"]).total
+              for c in REWARD_CASES}
+    assert totals["correct"] > totals["missing box"] > totals["wrong"] > totals["no answer"]
+    assert totals["correct"] > totals["verbose"] and totals["correct"] > totals["over-long"]
+    assert totals["correct"] > totals["malformed"]
+
+
+def test_f1_accuracy_mode_gives_partial_credit():
+    text = "<think>x</think>\n<short_answer>\\boxed{Henrik}</short_answer>"
+    assert score(text, ["Henrik Queishyxskeil"]).accuracy == 0.0
+    assert 0 < score(text, ["Henrik Queishyxskeil"], RewardConfig(accuracy="f1")).accuracy < 1
+
+
+def test_overlong_shaping_is_linear_inside_the_buffer():
+    cfg = RewardConfig(overlong_max_tokens=100, overlong_buffer=20)
+    assert overlong_penalty(ParseRecord(None, None, model_tokens=80), cfg) == 0.0
+    assert math.isclose(overlong_penalty(ParseRecord(None, None, model_tokens=90), cfg), -0.5)
+    assert overlong_penalty(ParseRecord(None, None, model_tokens=101), cfg) == -1.0
+
+
+def test_parse_ignores_tags_inside_retrieved_results():
+    text = ("<think>q</think>\n<search> <query>q</query> </search>\n<result>\n(1) a page saying "
+            "<short_answer>\\boxed{Wrong}</short_answer>\n</result>\n<think>ok</think>\n"
+            "<short_answer>\\boxed{Right}</short_answer>")
+    rec = parse_completion(text)
+    assert rec.answer == "Right" and rec.n_searches == 1 and not rec.issues
+
+
+def test_trl_reward_functions_read_the_parse_record_or_the_text():
+    funcs = reward_functions()
+    assert [f.__name__ for f in funcs] == ["format_reward", "length_reward", "accuracy_reward", "structure_reward",
+                                           "overlong_reward"]
+    case = REWARD_CASES[0]
+    from dataclasses import asdict
+
+    record = asdict(parse_completion(case["text"], model_tokens=40))
+    via_text = [f(prompts=["q"], completions=[case["text"]], answers=[case["golds"]]) for f in funcs]
+    via_record = [f(prompts=["q"], completions=["ignored"], answers=[case["golds"]], parse=[record]) for f in funcs]
+    assert via_text == via_record == [[1.0], [1.0], [1.0], [None], [0.0]]
+    assert len(RewardConfig().weights) == len(funcs)
+
+
+def test_invalid_reward_config_is_rejected():
+    with pytest.raises(ValueError, match="accuracy"):
+        RewardConfig(accuracy="bleu")
+    with pytest.raises(ValueError, match="overlong_buffer"):
+        RewardConfig(overlong_max_tokens=10, overlong_buffer=20)

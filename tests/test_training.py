@@ -1,0 +1,183 @@
+"""Training stages through TRL: one real DAPO step with a gradient check on retrieved tokens, resumable SFT,
+and the whole pipeline resumed after an interruption."""
+import json
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from kunlunlab.agent.rollout import RolloutConfig
+from kunlunlab.data.mixing import MixingConfig, TrajectoryBuilder
+from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+from kunlunlab.training.config import DAPOStageConfig, SFTStageConfig, load_config
+from kunlunlab.training.rewards import RewardConfig
+
+
+@pytest.fixture(scope="module")
+def bm25(world):
+    return build_retriever(world.passages, IndexConfig(kind="bm25"))
+
+
+class Interrupt(Exception):
+    pass
+
+
+class InterruptAt(TrainerCallback):
+    """Simulates a killed run: raises after optimizer step ``step`` (checkpoints up to then exist)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Interrupt(f"killed at step {self.step}")
+
+
+def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, questions, bm25, tmp_path):
+    from kunlunlab.models import load_llm
+    from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
+
+    model, tok = load_llm()
+    grads = []
+
+    def keep_grad(module, inputs, output):
+        if output.requires_grad:
+            output.register_hook(lambda g: grads.append(g.detach().clone()))
+
+    model.model.norm.register_forward_hook(keep_grad)
+    cfg = DAPOStageConfig(steps=1, prompts_per_step=1, num_generations=2, dynamic_sampling=False, save_steps=100,
+                          learning_rate=1e-5)
+    # The untrained model searches when its reply opens with a search; the engine then appends real results.
+    rollout = SearchRollout(bm25.search, tok, {q.question: q.answers for q in questions},
+                            RolloutConfig(max_turn_tokens=24, max_total_tokens=200, top_k=2, max_result_chars=200),
+                            cfg, RewardConfig(), assistant_prefix="<think>I need to look this up.</think>\n<search>")
+    outputs = []
+
+    def recording(prompts, trainer):  # the engine's rollout, with its output kept for the checks below
+        out = rollout(prompts, trainer)
+        outputs.append(out)
+        return out
+
+    def by_length(prompts, completions, **kw):  # distinct rewards, so advantages are non-zero
+        return [float(len(c)) for c in completions]
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer = run_dapo(model, tok, rl_dataset([questions[0].question], [questions[0].answers]), recording, cfg,
+                       RewardConfig(), tmp_path / "dapo", reward_funcs=[by_length])
+    assert trainer.state.global_step == 1 and trainer.args.loss_type == "dapo" and trainer.args.epsilon_high == 0.28
+    out = outputs[0]
+    env_mask, completion_ids, prompt_ids = out["env_mask"], out["completion_ids"], out["prompt_ids"]
+    assert len(completion_ids) == 2 and any(0 in m for m in env_mask), "the rollout must contain retrieved tokens"
+    assert any("<result>" in tok.decode([i for i, m in zip(ids, mask) if not m])
+               for ids, mask in zip(completion_ids, env_mask))
+    assert len(grads) == 1
+    grad = grads[0]  # d loss / d final hidden state, (batch, prompt width + completion width, hidden)
+    width = max(len(p) for p in prompt_ids)
+    for row, (ids, mask) in enumerate(zip(completion_ids, env_mask)):
+        for j, m in enumerate(mask):
+            g = grad[row, width + j - 1]  # the hidden state that predicts completion token j
+            if m == 0:
+                assert torch.count_nonzero(g) == 0, f"retrieved token {j} of row {row} got a gradient"
+        model_positions = [width + j - 1 for j, m in enumerate(mask) if m == 1]
+        assert torch.count_nonzero(grad[row, model_positions]) > 0, "model tokens must get a gradient"
+    changed = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() if n in before)
+    assert changed > 0, "the optimizer step must move the weights"
+
+
+def _sft_setup(world, questions, bm25):
+    from kunlunlab.models import load_llm
+    from kunlunlab.training.sft import freeze_for_sft, sft_dataset
+
+    model, tok = load_llm()
+    freeze_for_sft(model, 2)
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=1, max_result_chars=120))
+    dataset = sft_dataset(tok, [builder.world(q) for q in questions[:8]], 1024)
+    return model, tok, dataset
+
+
+def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25, tmp_path):
+    from kunlunlab.training.sft import run_sft
+
+    cfg = SFTStageConfig(batch_size=2, max_steps=4, save_steps=2, learning_rate=1e-4, train_layers=2)
+    model, tok, dataset = _sft_setup(world, questions, bm25)
+    straight = run_sft(model, tok, dataset, cfg, tmp_path / "straight")
+    reference = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    model, tok, dataset = _sft_setup(world, questions, bm25)
+    with pytest.raises(Interrupt):
+        run_sft(model, tok, dataset, cfg, tmp_path / "killed", callbacks=[InterruptAt(3)])
+    assert (tmp_path / "killed" / "checkpoint-2").is_dir() and not (tmp_path / "killed" / "checkpoint-4").exists()
+    model, tok, dataset = _sft_setup(world, questions, bm25)  # a new process: fresh weights, resumed from disk
+    resumed = run_sft(model, tok, dataset, cfg, tmp_path / "killed")
+    assert resumed.state.global_step == 4
+    losses = lambda t: [round(r["loss"], 5) for r in t.state.log_history if "loss" in r]
+    assert losses(resumed) == losses(straight)
+    for n, p in model.named_parameters():
+        assert torch.allclose(p, reference[n], atol=1e-6), n
+
+
+def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch):
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
+
+    overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False}
+    cfg = load_config("experiments/configs/training/train_embedded_cpu.json", overrides)
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2)])
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["sft_done"] and not state.get("dapo_done") and "eval_before" in state
+    assert (tmp_path / "dapo" / "checkpoint-1").is_dir()
+
+    from kunlunlab.cli import main
+
+    assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
+                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false"]) == 0
+    summary = json.loads((tmp_path / "training_summary.json").read_text())
+    for key in ("em_before", "em_after", "f1_before", "f1_after", "format_compliance_before",
+                "format_compliance_after", "steps", "seconds"):
+        assert key in summary
+    assert summary["steps_by_stage"] == {"sft": 2, "dapo": 2}
+    rollouts = [json.loads(line) for line in (tmp_path / "dapo_rollouts.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rollouts} == {0, 1}
+
+
+def test_config_file_and_overrides_are_validated(tmp_path):
+    cfg = load_config("experiments/configs/training/train_embedded_cpu.json", ["sft.learning_rate=3e-5", "mixing.epochs=5"])
+    assert cfg.sft.learning_rate == 3e-5 and cfg.mixing.epochs == 5 and cfg.dapo.epsilon_high == 0.28
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_config(None, {"sft.learning_rat": 1})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="invalid JSON"):
+        load_config(bad)
+    with pytest.raises(FileNotFoundError):
+        load_config(tmp_path / "missing.json")
+    multi = load_config("experiments/configs/training/train_qwen_multigpu.json")
+    assert multi.dapo.use_vllm and multi.deepspeed and multi.model
+
+
+def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questions, bm25, backend):
+    """Multi-GPU recipe path: TRL's vLLM server speaks /v1/completions; our serve-llm stands in for it."""
+    from types import SimpleNamespace
+
+    from kunlunlab.agent.server import create_app
+    from kunlunlab.retrieval.service import ServiceThread
+    from kunlunlab.training.dapo import SearchRollout
+
+    model = backend.model
+    model.name_or_path = str(model.name_or_path)
+    cfg = DAPOStageConfig(num_generations=2, dynamic_sampling=False, temperature=0.0)
+    rollout = SearchRollout(bm25.search, backend.tokenizer, {q.question: q.answers for q in questions},
+                            RolloutConfig(max_turn_tokens=16, max_total_tokens=96, top_k=1), cfg, RewardConfig())
+    with ServiceThread(app=create_app(backend)) as url:
+        trainer = SimpleNamespace(
+            use_vllm=True, num_generations=2, model=model, state=SimpleNamespace(global_step=0),
+            args=SimpleNamespace(vllm_mode="server", seed=0),
+            accelerator=SimpleNamespace(unwrap_model=lambda m: m),
+            vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(base_url=url, model=backend.name)))
+        out = rollout([questions[0].question] * 2, trainer)
+    assert rollout._remote is not None and rollout._remote.url.startswith(url)
+    assert len(out["completion_ids"]) == 2 and all(len(m) == len(c) for m, c in zip(out["env_mask"], out["completion_ids"]))
+    trainer.args.vllm_mode = "colocate"
+    rollout._remote = None
+    with pytest.raises(ValueError, match="vllm_mode"):
+        rollout([questions[0].question] * 2, trainer)
