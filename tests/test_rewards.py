@@ -25,7 +25,9 @@ def test_totals_follow_eq17_for_short_and_eq18_for_long_answers():
     assert math.isclose(short.total, 0.3 * 1 + 0.2 * 1 + 1.5 * 1)
     long = score(by_name["long answer, box only"]["text"], by_name["long answer, box only"]["golds"], cfg)
     assert long.mode == "long"
-    assert math.isclose(long.total, 0.3 * 1 + 0.2 * 0 + 1.5 * 1 + 0.7 * 0.75)
+    assert math.isclose(long.total, 0.3 * 1 + 0.2 * 0 + 1.5 * 1 + 0.7 * (0.75 - 1))
+    perfect_long = score(by_name["long answer"]["text"], by_name["long answer"]["golds"], cfg)
+    assert math.isclose(perfect_long.total, short.total)  # the long mode earns nothing by itself
 
 
 def test_ranking_of_cases_matches_intent():
@@ -34,6 +36,7 @@ def test_ranking_of_cases_matches_intent():
     assert totals["correct"] > totals["missing box"] > totals["wrong"] > totals["no answer"]
     assert totals["correct"] > totals["verbose"] and totals["correct"] > totals["over-long"]
     assert totals["correct"] > totals["malformed"]
+    assert totals["correct"] > totals["long answer, box only"]  # no reward for merely choosing the long mode
 
 
 def test_f1_accuracy_mode_gives_partial_credit():

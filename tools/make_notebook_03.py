@@ -7,7 +7,8 @@ cells = [
 The RL stage scores each trajectory with a **dual-mode** reward (paper §3.5):
 
 * short answers (`<short_answer>\\boxed{…}</short_answer>`): $R_{short} = w_f r_{format} + w_l r_{length} + w_a r_{accuracy}$ (eq. 17)
-* long answers (`<long_answer> summary \\boxed{…} </long_answer>`): $R_{long} = R_{short}$-terms $+\\, w_s r_{structure}$ (eq. 18)
+* long answers (`<long_answer> summary \\boxed{…} </long_answer>`): $R_{long} = R_{short}$-terms $+\\, w_s (r_{structure} - 1)$ (eq. 18):
+  structure is a penalty, so choosing the long mode earns nothing by itself
 
 plus DAPO's soft **overlong** penalty on the model's own tokens. Every component is a TRL reward function
 (`kunlunlab.training.rewards.reward_functions`), so `GRPOConfig.reward_weights` are the w's and TRL logs each

@@ -60,6 +60,7 @@ def case_rows(cases: list[dict] | None = None, cfg=None) -> list[dict]:
         row = {"name": case["name"], "mode": b.mode, "format": b.format, "length": b.length, "accuracy": b.accuracy,
                "structure": b.structure, "overlong": b.overlong, "total": round(b.total, 4)}
         for key, w in zip(("format", "length", "accuracy", "structure", "overlong"), cfg.weights):
-            row[f"w_{key}"] = 0.0 if row[key] is None else w * row[key]
+            value = row[key] - 1.0 if key == "structure" and row[key] is not None else row[key]  # eq. 18 penalty
+            row[f"w_{key}"] = 0.0 if value is None else w * value
         rows.append(row)
     return rows

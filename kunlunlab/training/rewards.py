@@ -1,11 +1,13 @@
 """Dual-mode rewards (paper §3.5, eqs. 17-18) and DAPO's overlong shaping, as TRL reward functions.
 
-    R_short = w_f·r_format + w_l·r_length + w_a·r_accuracy                      (eq. 17)
-    R_long  = w_f·r_format + w_l·r_length + w_a·r_accuracy + w_s·r_structure    (eq. 18)
+    R_short = w_f·r_format + w_l·r_length + w_a·r_accuracy                            (eq. 17)
+    R_long  = w_f·r_format + w_l·r_length + w_a·r_accuracy + w_s·(r_structure - 1)    (eq. 18)
 
 Every component lies in [0, 1]. The mode is the one the model chose (``<short_answer>`` or
 ``<long_answer>``); the structure term is undefined (``None``) for short answers, which TRL's
-weighted ``nansum`` turns into eq. 17. Each component is its own TRL reward function, so
+weighted ``nansum`` turns into eq. 17. Structure enters eq. 18 as a penalty (r_structure - 1), so a
+well-structured long answer reaches exactly R_short's maximum: choosing the long mode can never
+earn reward by itself (with a bonus, a box-only "long answer" out-scored a correct short one). Each component is its own TRL reward function, so
 ``GRPOConfig.reward_weights`` are the w's and TRL logs every component separately.
 
 A reward reads the trajectory's *parse record* (:func:`parse_completion`): the rollout engine passes
@@ -179,7 +181,8 @@ def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None 
     rec = parse_completion(record) if isinstance(record, str) else record
     parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg), structure_score(rec),
              overlong_penalty(rec, cfg))
-    total = sum(w * p for w, p in zip(cfg.weights, parts) if p is not None)
+    terms = parts[:3] + (None if parts[3] is None else parts[3] - 1.0, parts[4])
+    total = sum(w * p for w, p in zip(cfg.weights, terms) if p is not None)
     return RewardBreakdown(*parts, total=total, mode=rec.mode)
 
 
@@ -205,8 +208,8 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
     def accuracy_reward(prompts, completions, answers, **kw):
         return [accuracy_score(r, g, cfg) for r, g in zip(_records(completions, **kw), answers)]
 
-    def structure_reward(prompts, completions, **kw):
-        return [structure_score(r) for r in _records(completions, **kw)]
+    def structure_reward(prompts, completions, **kw):  # eq. 18's penalty term; None (left out) for short answers
+        return [None if (v := structure_score(r)) is None else v - 1.0 for r in _records(completions, **kw)]
 
     def overlong_reward(prompts, completions, **kw):
         return [overlong_penalty(r, cfg) for r in _records(completions, **kw)]
