@@ -109,7 +109,8 @@ class SearchRollout:
         filtered = set()
         if self.dapo.dynamic_sampling and flat and len(flat) < len(groups):
             filtered = {i for g in flat for i in g}
-        completion_ids, logprobs, env_mask, parse = [], [], [], []
+        records = [self._record(t) for t in trajs]
+        completion_ids, logprobs, env_mask = [], [], []
         for i, t in enumerate(trajs):
             ids, lps, mask = list(t.completion_ids), list(t.logprobs), list(t.mask)
             if t.finish in ("answer", "controller") and eos is not None:
@@ -121,7 +122,6 @@ class SearchRollout:
             completion_ids.append(ids)
             logprobs.append(lps)
             env_mask.append(mask)
-            parse.append(asdict(self._record(t)))
         self.calls += 1
         stats = {
             "step": trainer.state.global_step, "rollouts": len(trajs),
@@ -129,7 +129,7 @@ class SearchRollout:
             "searches": sum(t.n_searches for t in trajs) / len(trajs),
             "model_tokens": sum(t.model_tokens for t in trajs) / len(trajs),
             "env_tokens": sum(len(t.mask) - t.model_tokens for t in trajs) / len(trajs),
-            "format_compliance": sum(format_compliant(self._record(t)) for t in trajs) / len(trajs),
+            "format_compliance": sum(format_compliant(r) for r in records) / len(trajs),
             "resampled_groups": resampled, "filtered_groups": len(filtered) // groups_n if filtered else 0,
             "flat_groups": len(flat), "groups": len(groups), "seconds": time.perf_counter() - start,
         }
@@ -141,7 +141,8 @@ class SearchRollout:
                  stats["reward"], stats["searches"], stats["format_compliance"], len(flat), len(groups))
         return {"prompt_ids": [chat_prompt_ids(self.tokenizer, build_messages(q, None, self.system_prompt),
                                                self.prefix) for q in questions],
-                "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask, "parse": parse}
+                "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
+                "parse": [asdict(r) for r in records]}
 
 
 def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, seed: int, bf16: bool = False,
