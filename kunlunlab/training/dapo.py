@@ -71,8 +71,7 @@ class SearchRollout:
         return RolloutEngine(backend, self.search, cfg).run(prompts, questions, None, [self.prefix] * len(questions))
 
     def _record(self, t: Trajectory):
-        return parse_completion(self.prefix + "".join(s["text"] for s in t.steps if s["kind"] != "prefix"),
-                                model_tokens=t.model_tokens)
+        return parse_completion(t.text, model_tokens=t.model_tokens)  # t.text starts with the prefix step
 
     def _rewards(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
         return [score(self._record(t), self.answers.get(q, []), self.rewards).total for q, t in zip(questions, trajs)]
@@ -139,8 +138,7 @@ class SearchRollout:
                 f.write(json.dumps(stats) + "\n")
         log.info("rollout step %d: reward %.3f, searches %.2f, format %.2f, flat groups %d/%d", stats["step"],
                  stats["reward"], stats["searches"], stats["format_compliance"], len(flat), len(groups))
-        return {"prompt_ids": [chat_prompt_ids(self.tokenizer, build_messages(q, None, self.system_prompt),
-                                               self.prefix) for q in questions],
+        return {"prompt_ids": [t.prompt_ids for t in trajs],
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records]}
 
