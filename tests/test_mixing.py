@@ -1,12 +1,13 @@
 """Progressive data mixing: the schedule against eqs. 14-16, trajectories with real retrieval, the SFT mask."""
 import json
 import random
+import re
 
 import pytest
 
 from kunlunlab.agent.protocol import parse_turn
-from kunlunlab.data.mixing import (NOISE_KINDS, MixingConfig, TrajectoryBuilder, data_stats, hq_share, load_rl_prompts,
-                                   mix, noise_ratio, schedule, tokenize_trajectory)
+from kunlunlab.data.mixing import (NOISE_KINDS, MixingConfig, TrajectoryBuilder, data_stats, evidence_sentence,
+                                   hq_share, load_rl_prompts, mix, noise_ratio, schedule, tokenize_trajectory)
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.training.rewards import format_compliant, parse_completion
 
@@ -58,6 +59,28 @@ def test_high_quality_trajectory_follows_the_gold_chain_with_real_results(world,
         model_turns = [s for s in t.segments if s["role"] == "model"]
         assert all(parse_turn(("<think>" if i == 0 else "") + s["text"]).kind in ("search", "answer")
                    for i, s in enumerate(model_turns))
+
+
+def test_think_turns_quote_the_shown_sentence_that_holds_each_hop_answer(world, questions, bm25):
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2, quote_evidence=True))
+    quoted = 0
+    for ex in questions[:20]:
+        t = builder.world(ex)
+        segs = t.segments
+        for i, seg in enumerate(segs):
+            if seg["role"] != "model" or i == 0:
+                continue
+            for quote, answer in re.findall(r'"([^"]+)" So: ([^.]+)\.', seg["text"]):
+                assert quote in segs[i - 1]["text"]        # copied verbatim from the result just shown
+                assert answer in quote                     # and it holds the stated hop answer
+                quoted += 1
+        hops_stated = sum(1 for h in ex.chain if f"{h.answer}." in t.text)
+        assert hops_stated == len(ex.chain)
+    assert quoted >= 20
+    assert evidence_sentence("(1) \"A\"\nA was born in 1901. He was married to Bo Ek.", "Bo Ek") == "He was married to Bo Ek."
+    assert evidence_sentence("(1) \"A\"\nA was known for songs.", "no") is None   # yes/no is never quoted
+    plain = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))   # the default: no quotes
+    assert "So:" not in plain.world(questions[0]).text
 
 
 def test_noisy_trajectories_still_reach_the_gold_answer(world, questions, bm25):

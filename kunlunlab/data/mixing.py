@@ -8,6 +8,9 @@ supervised fine-tuning sees exactly what inference will append.
   state the hop's answer → … → ``\\boxed{}``; parallel hops go into one multi-query search) and
   HotpotQA questions walked along their supporting-fact titles. The gold passage is always among
   the results (it replaces the last hit when the retriever missed it).
+* **Evidence quoting** (``quote_evidence``): each think turn states a hop's answer after quoting the
+  result sentence that holds it (``Q? "She was married to Ivo Drirthia." So: Ivo Drirthia.``), so the
+  model learns to find the sentence about the asked relation and copy from it.
 * **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
   chain only, a cheap way to practise decomposing a question into its first search.
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
@@ -25,6 +28,7 @@ The schedule, per epoch e with turning epoch T:
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -49,6 +53,7 @@ class MixingConfig:
     noise_kinds: tuple[str, ...] = NOISE_KINDS
     top_k: int = 2                   # passages per query in result blocks (match the rollout config)
     max_result_chars: int = 300
+    quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
     seed: int = 0
 
     def __post_init__(self):
@@ -129,6 +134,24 @@ def _answer_turn(think: str, answer: str) -> str:
     return f"{think}</think>\n<short_answer>\\boxed{{{answer}}}</short_answer>"
 
 
+_SENTENCE = re.compile(r"[^.!?\n]*?[^\s.!?\n][^.!?\n]*[.!?]")
+
+
+def evidence_sentence(result_text: str, answer: str) -> str | None:
+    """The first sentence of a ``<result>`` block that contains ``answer`` (None when no shown sentence
+    does, e.g. the passage was cut at ``max_result_chars``). Quoting it before stating a hop's answer
+    turns "pick the right name" into "copy the sentence about this relation", which a small model
+    learns far more reliably than naming the fact outright."""
+    if not answer or answer.lower() in ("yes", "no"):
+        return None
+    word = re.compile(r"(?<!\w)" + re.escape(answer) + r"(?!\w)")
+    for line in result_text.splitlines():
+        for m in _SENTENCE.finditer(line):
+            if word.search(m.group(0)):
+                return m.group(0).strip()
+    return None
+
+
 class TrajectoryBuilder:
     """Writes trajectories with real retrieval; ``passages_by_id`` lets it insert a gold passage the
     retriever missed and draw irrelevant ones for noise."""
@@ -206,6 +229,7 @@ class TrajectoryBuilder:
             elif kind == "wrong_hop" and s + 1 < len(stages) and len(stage) == 1:
                 # A wrong intermediate answer is pursued (kept out of the loss), then corrected (trained).
                 segs.append(self._env(queries, golds))
+                gold_result = segs[-1]["text"]
                 wrong = self._wrong_answer(hops[0].answer, rng)
                 nxt = ex.chain[stages[s + 1][0]]
                 wrong_q = nxt.question.replace(hops[0].answer, wrong)
@@ -213,12 +237,12 @@ class TrajectoryBuilder:
                     wrong_q = f"{nxt.question} {wrong}"
                 model(_search_turn(f"<think>{hops[0].question} {wrong}. Next: {wrong_q}", [wrong_q]), train=False)
                 segs.append(self._env([wrong_q], [None]))
-                facts = f"Correction: {hops[0].question} {hops[0].answer}, not {wrong}."
+                facts = f"Correction: {self._fact(hops[0].question, hops[0].answer, gold_result)} Not {wrong}."
                 noise.append("wrong_hop")
                 continue
             else:
                 segs.append(self._env(queries, golds))
-            facts = " ".join(f"{h.question} {h.answer}." for h in hops)
+            facts = " ".join(self._fact(h.question, h.answer, segs[-1]["text"]) for h in hops)
         if ex.type in ("comparison", "bridge_comparison"):
             facts += f" So the answer is {ex.answers[0]}."
         model(_answer_turn("<think>" + facts.strip(), ex.answers[0]))
@@ -228,6 +252,11 @@ class TrajectoryBuilder:
             noise.append("background")
         return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
                                  "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
+
+    def _fact(self, question: str, answer: str, result_text: str) -> str:
+        """How a think turn states a hop's answer: ``Q? "evidence sentence" So: A.`` (or ``Q? A.``)."""
+        quote = evidence_sentence(result_text, answer) if self.cfg.quote_evidence else None
+        return f'{question} "{quote}" So: {answer}.' if quote else f"{question} {answer}."
 
     def _wrong_answer(self, answer: str, rng: random.Random) -> str:
         for _ in range(20):
@@ -249,8 +278,11 @@ class TrajectoryBuilder:
             lead = ("<think>" if s else "") + ("I need: " if s == 0 else "Next: ") + " and ".join(stage)
             segs.append({"role": "model", "text": _search_turn(lead, list(stage)), "train": True})
             segs.append(self._env(list(stage), [gold_of[t] for t in stage]))
+        shown = "".join(s["text"] for s in segs if s["role"] == "env")
+        quote = evidence_sentence(shown, ex.answers[0]) if self.cfg.quote_evidence else None
+        said = f' "{quote}"' if quote else ""
         segs.append({"role": "model", "train": True, "text": _answer_turn(
-            f"<think>From {' and '.join(titles)}: the answer is {ex.answers[0]}.", ex.answers[0])})
+            f"<think>From {' and '.join(titles)}:{said} the answer is {ex.answers[0]}.", ex.answers[0])})
         return TrajectoryExample(ex.question, list(ex.answers), segs, None, "hotpotqa", "hq", [], len(titles), ex.type)
 
 
