@@ -14,8 +14,9 @@ is what the rollout engine would append at inference, formatted by the same func
 world_passages = 2000
 train_questions = 200
 index_kind = "flat"          # retriever that fills the <result> blocks
-top_k = 2
+top_k = 1                    # passages per search, as in the embedded training config
 max_result_chars = 300
+quote_evidence = False       # True: think turns quote the result sentence holding each hop answer
 epochs = 4
 turning_epoch = 3            # T
 hq_share_start = 0.5         # eq. 14
@@ -45,7 +46,8 @@ if smoke:
 run_dir = Path(run_dir) if run_dir else None
 cfg = MixingConfig(epochs=epochs, turning_epoch=turning_epoch, hq_share_start=hq_share_start, hq_shape=hq_shape,
                    noise_start=noise_start, noise_end=noise_end, samples_per_epoch=samples_per_epoch,
-                   hotpot_share=hotpot_share, first_turn_samples=first_turn_samples, top_k=top_k, max_result_chars=max_result_chars, seed=seed)
+                   hotpot_share=hotpot_share, first_turn_samples=first_turn_samples, top_k=top_k, max_result_chars=max_result_chars,
+                   quote_evidence=quote_evidence, seed=seed)
 metrics = {}"""),
     md("""## The schedule (eqs. 14–16)
 
