@@ -8,9 +8,10 @@ supervised fine-tuning sees exactly what inference will append.
   state the hop's answer → … → ``\\boxed{}``; parallel hops go into one multi-query search) and
   HotpotQA questions walked along their supporting-fact titles. The gold passage is always among
   the results (it replaces the last hit when the retriever missed it).
-* **Evidence quoting** (``quote_evidence``): each think turn states a hop's answer after quoting the
-  result sentence that holds it (``Q? "She was married to Ivo Drirthia." So: Ivo Drirthia.``), so the
-  model learns to find the sentence about the asked relation and copy from it.
+* **Evidence quoting** (``quote_evidence``, off by default): each think turn states a hop's answer
+  after quoting the result sentence that holds it (``Q? "She was married to Ivo Drirthia." So: Ivo
+  Drirthia.``). Meant to teach "find the sentence about the asked relation, copy from it"; with the
+  embedded 135M model it measured worse (held-out EM 7.5 vs 10.0, format 62.5 % vs 87.5 %).
 * **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
   chain only, a cheap way to practise decomposing a question into its first search.
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
@@ -139,9 +140,9 @@ _SENTENCE = re.compile(r"[^.!?\n]*?[^\s.!?\n][^.!?\n]*[.!?]")
 
 def evidence_sentence(result_text: str, answer: str) -> str | None:
     """The first sentence of a ``<result>`` block that contains ``answer`` (None when no shown sentence
-    does, e.g. the passage was cut at ``max_result_chars``). Quoting it before stating a hop's answer
-    turns "pick the right name" into "copy the sentence about this relation", which a small model
-    learns far more reliably than naming the fact outright."""
+    does, e.g. the passage was cut at ``max_result_chars``; yes/no answers are never quoted). Quoting it
+    before stating a hop's answer turns "pick the right name" into "copy the sentence about this
+    relation"; see the module docstring for how that measured."""
     if not answer or answer.lower() in ("yes", "no"):
         return None
     word = re.compile(r"(?<!\w)" + re.escape(answer) + r"(?!\w)")
@@ -278,7 +279,7 @@ class TrajectoryBuilder:
             lead = ("<think>" if s else "") + ("I need: " if s == 0 else "Next: ") + " and ".join(stage)
             segs.append({"role": "model", "text": _search_turn(lead, list(stage)), "train": True})
             segs.append(self._env(list(stage), [gold_of[t] for t in stage]))
-        shown = "".join(s["text"] for s in segs if s["role"] == "env")
+        shown = "".join(seg["text"] for seg in segs if seg["role"] == "env")
         quote = evidence_sentence(shown, ex.answers[0]) if self.cfg.quote_evidence else None
         said = f' "{quote}"' if quote else ""
         segs.append({"role": "model", "train": True, "text": _answer_turn(
