@@ -51,7 +51,7 @@ REWARD_CASES: list[dict] = [
 
 def case_rows(cases: list[dict] | None = None, cfg=None) -> list[dict]:
     """Every case scored: its components, their weighted values (``w_<component>``) and the total."""
-    from kunlunlab.training.rewards import RewardConfig, parse_completion, score
+    from kunlunlab.training.rewards import RewardConfig, parse_completion, score, structure_term
 
     cfg = cfg or RewardConfig()
     rows = []
@@ -60,7 +60,7 @@ def case_rows(cases: list[dict] | None = None, cfg=None) -> list[dict]:
         row = {"name": case["name"], "mode": b.mode, "format": b.format, "length": b.length, "accuracy": b.accuracy,
                "structure": b.structure, "overlong": b.overlong, "total": round(b.total, 4)}
         for key, w in zip(("format", "length", "accuracy", "structure", "overlong"), cfg.weights):
-            value = row[key] - 1.0 if key == "structure" and row[key] is not None else row[key]  # eq. 18 penalty
+            value = structure_term(row[key]) if key == "structure" else row[key]  # eq. 18 penalty
             row[f"w_{key}"] = 0.0 if value is None else w * value
         rows.append(row)
     return rows

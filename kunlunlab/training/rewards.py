@@ -175,13 +175,18 @@ class RewardBreakdown:
     mode: str | None
 
 
+def structure_term(structure: float | None) -> float | None:
+    """The structure component as it enters eq. 18: a penalty ``r_structure - 1`` (None for short answers)."""
+    return None if structure is None else structure - 1.0
+
+
 def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None = None) -> RewardBreakdown:
     """Every component and the total of eq. 17 (short) or eq. 18 (long)."""
     cfg = cfg or RewardConfig()
     rec = parse_completion(record) if isinstance(record, str) else record
     parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg), structure_score(rec),
              overlong_penalty(rec, cfg))
-    terms = parts[:3] + (None if parts[3] is None else parts[3] - 1.0, parts[4])
+    terms = parts[:3] + (structure_term(parts[3]), parts[4])
     total = sum(w * p for w, p in zip(cfg.weights, terms) if p is not None)
     return RewardBreakdown(*parts, total=total, mode=rec.mode)
 
@@ -209,7 +214,7 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
         return [accuracy_score(r, g, cfg) for r, g in zip(_records(completions, **kw), answers)]
 
     def structure_reward(prompts, completions, **kw):  # eq. 18's penalty term; None (left out) for short answers
-        return [None if (v := structure_score(r)) is None else v - 1.0 for r in _records(completions, **kw)]
+        return [structure_term(structure_score(r)) for r in _records(completions, **kw)]
 
     def overlong_reward(prompts, completions, **kw):
         return [overlong_penalty(r, cfg) for r in _records(completions, **kw)]
@@ -224,4 +229,4 @@ def format_compliant(record: ParseRecord) -> bool:
 
 __all__ = ["ANSWER_TAGS", "ParseRecord", "RewardBreakdown", "RewardConfig", "accuracy_score", "format_compliant",
            "format_score", "length_score", "overlong_penalty", "parse_completion", "reward_functions", "score",
-           "structure_score"]
+           "structure_score", "structure_term"]
