@@ -28,8 +28,9 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# Jupyter refuses to start as root without --allow-root (containers, cloud notebooks); only then is it added.
 lab: setup
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 bench: setup
 	$(BIN)/python -m kunlunlab.bench retrieval

@@ -82,16 +82,68 @@ def cmd_run_notebooks(args: argparse.Namespace) -> int:
     return 0 if summary["ok"] else 1
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from kunlunlab.eval.harness import EvalConfig, evaluate
+EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_total_tokens", "max_result_chars",
+                    "stie_rounds", "use_rdra", "use_stie")
 
-    config = EvalConfig(dataset=args.dataset, method=args.method, limit=args.limit, model=args.model,
-                        llm_url=args.llm_url, judge=args.judge, corpus=args.corpus, index_kind=args.index_kind,
-                        embedder=args.embedder, batch_size=args.batch_size, top_k=args.top_k, seed=args.seed,
-                        max_searches=args.max_searches, network_url=args.network_url, router=args.router)
-    summary = evaluate(config, args.out)
+
+def _eval_error(err: BaseException | str) -> int:
+    """One line on stderr, no traceback: the user's input was wrong, not the program."""
+    print("kunlunlab eval: " + " ".join(str(err).split()), file=sys.stderr)
+    return 2
+
+
+def eval_config_from_args(args: argparse.Namespace):
+    """The EvalConfig for ``kunlunlab eval``: explicit flag > the checkpoint's kunlunlab_agent.json >
+    EvalConfig default (the agent flags default to None so that "not given" is visible here)."""
+    from kunlunlab.eval.harness import EvalConfig, with_checkpoint_settings
+
+    explicit = {k: getattr(args, k) for k in EVAL_AGENT_FLAGS if getattr(args, k) is not None}
+    config = EvalConfig(dataset=args.dataset, limit=args.limit, model=args.model, llm_url=args.llm_url,
+                        judge=args.judge, judge_url=args.judge_url, corpus=args.corpus, index_kind=args.index_kind,
+                        embedder=args.embedder, batch_size=args.batch_size, seed=args.seed,
+                        network_url=args.network_url, router=args.router, **explicit)
+    return with_checkpoint_settings(config, explicit=set(explicit))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Data, corpus and models load before any question runs, so input errors end in one line."""
+    import re
+
+    from kunlunlab.eval.harness import evaluate, load_data, make_backend, make_judge_backend
+    from kunlunlab.models import ModelNotAvailableError
+    from kunlunlab.paths import new_run_dir
+
+    try:  # unknown method, malformed kunlunlab_agent.json, bad numbers
+        config = eval_config_from_args(args)
+    except ValueError as err:
+        return _eval_error(err)
+    try:  # unknown dataset or missing file, DataFormatError (a ValueError), missing benchmark data folder
+        examples, passages = load_data(config)
+    except (FileNotFoundError, ValueError) as err:
+        return _eval_error(err)
+    try:
+        backend = make_backend(config)
+        judge_backend = make_judge_backend(config, backend)
+    except (ModelNotAvailableError, OSError) as err:
+        return _eval_error(err)
+    run_dir = None
+    if args.out:
+        out = Path(args.out)
+    else:
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(config.dataset).stem) or "data"
+        name = f"eval-{slug}-{config.method}-" + time.strftime("%Y%m%d-%H%M%S")
+        run_dir = new_run_dir(name=name)
+        while (run_dir / "records.jsonl").exists():  # another eval of the same pair started this second
+            run_dir = new_run_dir(name=f"{name}-{time.perf_counter_ns() % 10**6}")
+        out = run_dir / "records.jsonl"
+    print(f"kunlunlab eval: records go to {out}", flush=True)
+    summary = evaluate(config, out, backend=backend, judge_backend=judge_backend, examples=examples,
+                       passages=passages)
+    if run_dir is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     summary.pop("config")
-    print(json.dumps(summary))
+    summary["out"] = str(out)
+    print(json.dumps(summary, default=str))
     return 0
 
 
@@ -113,6 +165,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(name=time.strftime("train-%Y%m%d-%H%M%S"))
     summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
     print(json.dumps({**summary, "run_dir": str(run_dir)}))
+    return 0
+
+
+def cmd_train_router(args: argparse.Namespace) -> int:
+    """NLR (paper §2.4, eqs. 20–23): measure local / network / both on training hop queries, train, save."""
+    from dataclasses import replace
+
+    from kunlunlab.agent.nlr_training import RouterTrainConfig, train_router
+
+    given = {key: getattr(args, key) for key in ("world_passages", "questions", "seed", "local_fraction",
+                                                 "added_latency_ms", "index_kind", "embedder", "top_k",
+                                                 "network_url") if getattr(args, key) is not None}
+    try:
+        config = RouterTrainConfig(**given)
+        nlr = {key: getattr(args, key) for key in ("epochs", "recall_weight", "latency_weight")
+               if getattr(args, key) is not None}
+        config = replace(config, nlr=replace(config.nlr, **nlr))
+    except ValueError as err:
+        raise SystemExit(f"kunlunlab train-router: {err}")
+    _, summary = train_router(config, out=args.out, progress=lambda msg: print(msg, flush=True),
+                              local_corpus_out=args.local_corpus_out)
+    summary.pop("config")
+    print(json.dumps(summary))
     return 0
 
 
@@ -150,21 +225,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="run one method over one dataset; JSON summary as the last line")
     e.add_argument("--dataset", required=True, help="'world', a benchmark name or a QA file in any supported layout")
-    e.add_argument("--method", default="kunlun", help="naive_gen, naive_rag, iter_retgen, ircot, search_o1, agent, kunlun")
+    ckpt = " (default: the checkpoint's kunlunlab_agent.json, else %s)"
+    e.add_argument("--method", default=None, help="naive_gen, naive_rag, iter_retgen, ircot, search_o1, agent, kunlun"
+                   + ckpt % "kunlun")
     e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
-    e.add_argument("--model", default=None, help="LLM hub id or local path (default: embedded SmolLM2)")
+    e.add_argument("--model", default=None, help="LLM hub id, local path or trained checkpoint folder "
+                   "(default: embedded SmolLM2)")
     e.add_argument("--llm-url", default=None, help="OpenAI-compatible server (vLLM, SGLang) instead of a local model")
-    e.add_argument("--judge", default="same", help="'same' (the answering model), 'none', or a judge model")
+    e.add_argument("--judge", default=None, metavar="MODEL_OR_PATH",
+                   help="LLM judge for LJ: hub id or local path, or the served model name with --judge-url; "
+                        "'same' lets the answering model grade itself (marked self_judged). Default: no judge, "
+                        "LJ is reported as null")
+    e.add_argument("--judge-url", default=None, metavar="URL",
+                   help="OpenAI-compatible server of the judge, e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct "
+                        "--port 8002` then --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct")
     e.add_argument("--corpus", default=None, help="corpus file (default: the dataset's own closed corpus)")
     e.add_argument("--index-kind", default="flat", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
     e.add_argument("--embedder", default=None)
     e.add_argument("--batch-size", type=int, default=8)
-    e.add_argument("--top-k", type=int, default=3)
-    e.add_argument("--max-searches", type=int, default=8)
+    e.add_argument("--top-k", type=int, default=None, help="passages per search" + ckpt % "3")
+    e.add_argument("--max-searches", type=int, default=None, help="searches per question" + ckpt % "8")
+    e.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn" + ckpt % "256")
+    e.add_argument("--max-total-tokens", type=int, default=None, help="tokens per trajectory" + ckpt % "768")
+    e.add_argument("--max-result-chars", type=int, default=None, help="characters per retrieved passage"
+                   + ckpt % "600")
+    e.add_argument("--stie-rounds", type=int, default=None, help="STIE answer rounds, kunlun only"
+                   + ckpt % "STIEConfig.max_rounds")
+    e.add_argument("--no-rdra", dest="use_rdra", action="store_false", default=None,
+                   help="kunlun without the RDRA background step (ablation)")
+    e.add_argument("--no-stie", dest="use_stie", action="store_false", default=None,
+                   help="kunlun without STIE over answer rounds (ablation)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--network-url", default=None, help="retrieval service used as NLR's network tier")
     e.add_argument("--router", default=None, help="trained NLR policy file (default: query both tiers)")
-    e.add_argument("--out", required=True, help="JSONL file, one record per question")
+    e.add_argument("--out", default=None, help="JSONL file, one record per question (default: records.jsonl "
+                   "and summary.json in a new experiments/runs/eval-... folder)")
     e.set_defaults(func=cmd_eval)
 
     t = sub.add_parser("train", help="progressive training: data mixing, SFT cold start, DAPO (notebook 04)")
@@ -173,6 +268,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="overrides, e.g. sft.learning_rate=5e-5")
     t.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
     t.set_defaults(func=cmd_train)
+
+    n = sub.add_parser("train-router", help="train NLR's routing policy against a loopback network tier; "
+                                            "JSON summary as the last line")
+    n.add_argument("--world-passages", type=int, default=None, help="synthetic world size (default 2000)")
+    n.add_argument("--questions", type=int, default=None, help="training + held-out questions (default 200)")
+    n.add_argument("--seed", type=int, default=None, help="world seed, as eval --seed (default 0)")
+    n.add_argument("--local-fraction", type=float, default=None, help="share of the world in the local index (default 0.5)")
+    n.add_argument("--added-latency-ms", type=float, default=None, help="network tier's extra latency (default 150)")
+    n.add_argument("--index-kind", default=None, choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"],
+                   help="both tiers' index; use the eval's --index-kind (default bm25)")
+    n.add_argument("--embedder", default=None)
+    n.add_argument("--top-k", type=int, default=None, help="as eval --top-k (default 3)")
+    n.add_argument("--epochs", type=int, default=None, help="policy-gradient epochs (default 200)")
+    n.add_argument("--recall-weight", type=float, default=None, help="eq. 22's lambda_r (default 1.0)")
+    n.add_argument("--latency-weight", type=float, default=None, help="eq. 22's lambda_t (default 0.25)")
+    n.add_argument("--network-url", default=None, help="a running service over the same world (default: start one)")
+    n.add_argument("--local-corpus-out", default=None, help="also write the local tier's passages (jsonl) here")
+    n.add_argument("--out", required=True, help="policy file for eval --router")
+    n.set_defaults(func=cmd_train_router)
 
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")

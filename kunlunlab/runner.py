@@ -58,14 +58,38 @@ def load_params(path: str | Path | None) -> dict[str, dict]:
     return params
 
 
+def markdown_table(header: list, rows: list[list]) -> list[str]:
+    """A notebook's table (``metrics["tables"]``) as markdown lines for ``summary.md``."""
+    def cell(value) -> str:
+        return "–" if value is None else str(value).replace("|", "/")
+
+    return ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
+
+
+TRAINING_NOTEBOOK = "04_training"
+USES_TRAINED_MODEL = ("05_stie_tuning", "06_evaluation")
+
+
 def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None,
                   params: dict[str, dict] | None = None) -> dict:
+    """Runs the series in order. Once notebook 04 has trained a model, notebooks 05 and 06 get it as their
+    ``model`` parameter (unless ``params`` names one), so the series studies the trained agent."""
+    from kunlunlab.training.pipeline import trained_model
+
     run_dir = Path(out_dir) if out_dir else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
+    trained: Path | None = None
     for path in notebooks(only):
         print(f"[run] {path.name} ...", flush=True)
-        record = run_notebook(path, run_dir, smoke=smoke, extra=(params or {}).get(path.stem))
+        extra = dict((params or {}).get(path.stem, {}))
+        if trained is not None and path.stem in USES_TRAINED_MODEL and "model" not in extra:
+            extra["model"] = str(trained)
+            print(f"[run] {path.name}: model = {trained} (trained by {TRAINING_NOTEBOOK})", flush=True)
+        record = run_notebook(path, run_dir, smoke=smoke, extra=extra)
+        if path.stem == TRAINING_NOTEBOOK and record["ok"]:
+            trained = trained_model(run_dir / path.stem)
         print(f"[run] {path.name}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']}s)",
               flush=True)
         records.append(record)
@@ -75,8 +99,12 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
     lines = [f"# Run {run_dir.name}", ""]
     for r in records:
         lines.append(f"## {r['notebook']} — {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s")
-        for key, value in (r.get("metrics") or {}).items():
+        metrics = dict(r.get("metrics") or {})
+        tables = metrics.pop("tables", {})
+        for key, value in metrics.items():
             lines.append(f"- {key}: {json.dumps(value)}")
+        for title, table in tables.items():
+            lines += ["", f"### {title}", "", *markdown_table(table["header"], table["rows"])]
         lines.append("")
     (run_dir / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))

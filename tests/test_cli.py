@@ -1,6 +1,10 @@
 import json
+import subprocess
+import sys
 
-from kunlunlab.cli import main
+import pytest
+
+from kunlunlab.cli import build_parser, eval_config_from_args, main
 from kunlunlab.retrieval import load_retriever
 
 
@@ -11,3 +15,78 @@ def test_build_index_then_load(tmp_path, capsys):
     assert report["n"] == 400 and report["kind"] == "bm25"
     hits = load_retriever(out).search(["Who founded a company?"], k=3)
     assert len(hits[0]) == 3
+
+
+# ---------------------------------------------------------------------------- kunlunlab eval
+def _one_error_line(capsys, argv) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code != 0 and captured.out == ""
+    assert len(lines) == 1 and lines[0].startswith("kunlunlab eval: ") and "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_eval_unknown_dataset_and_method_are_one_line_errors(capsys):
+    assert "'no_such_set' is neither 'world'" in _one_error_line(capsys, ["eval", "--dataset", "no_such_set"])
+    assert "unknown method 'magic'" in _one_error_line(capsys, ["eval", "--dataset", "world", "--method", "magic"])
+
+
+def test_eval_malformed_data_file_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "Who?", "golden_answers": ["x"]}\n{oops\n')
+    line = _one_error_line(capsys, ["eval", "--dataset", str(bad)])
+    assert str(bad) in line and "line 2" in line and "invalid JSON" in line
+
+
+def test_eval_missing_benchmark_folder_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KUNLUNLAB_DATA", str(tmp_path / "absent"))
+    assert "no benchmark data folder" in _one_error_line(capsys, ["eval", "--dataset", "bamboogle"])
+
+
+def test_eval_malformed_checkpoint_settings_is_a_one_line_error(tmp_path, capsys):
+    (tmp_path / "kunlunlab_agent.json").write_text('{"top_k": "three"}')
+    line = _one_error_line(capsys, ["eval", "--dataset", "world", "--model", str(tmp_path)])
+    assert "kunlunlab_agent.json" in line and "'top_k' must be int" in line
+
+
+def test_eval_error_exit_has_no_traceback_in_a_subprocess():
+    proc = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "eval", "--dataset", "no_such_set"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("kunlunlab eval: ")
+
+
+def test_eval_flags_beat_checkpoint_settings_beat_defaults(tmp_path):
+    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"method": "agent", "top_k": 1, "stie_rounds": 4,
+                                                               "use_stie": True, "max_searches": 3}))
+    args = build_parser().parse_args(["eval", "--dataset", "world", "--model", str(tmp_path), "--top-k", "5",
+                                      "--no-stie", "--no-rdra"])
+    config = eval_config_from_args(args)
+    assert (config.method, config.top_k, config.stie_rounds, config.max_searches) == ("agent", 5, 4, 3)
+    assert config.use_stie is False and config.use_rdra is False  # flags win over the saved use_stie=True
+    assert config.max_turn_tokens == 256 and config.judge is None  # neither given nor saved: defaults
+    plain = eval_config_from_args(build_parser().parse_args(["eval", "--dataset", "world", "--stie-rounds", "2"]))
+    assert (plain.method, plain.top_k, plain.stie_rounds, plain.use_rdra) == ("kunlun", 3, 2, True)
+
+
+def test_eval_without_out_writes_a_new_run_folder(tmp_path, monkeypatch, capsys):
+    import kunlunlab.paths as paths
+
+    original = paths.new_run_dir
+    monkeypatch.setattr(paths, "new_run_dir", lambda base=None, name=None: original(tmp_path, name))
+    assert main(["eval", "--dataset", "world", "--method", "naive_gen", "--limit", "1", "--index-kind", "bm25"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    records = tmp_path.glob("eval-world-naive_gen-*/records.jsonl")
+    out = next(records)
+    assert summary["out"] == str(out) and str(out) in lines[0]
+    assert len(out.read_text().splitlines()) == 1 and (out.parent / "summary.json").is_file()
+    assert summary["lj"] is None and summary["judge"] is None
+
+
+@pytest.mark.parametrize("flag", ["--judge", "--judge-url", "--stie-rounds", "--no-rdra", "--no-stie"])
+def test_eval_help_lists_the_flag(flag, capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert flag in capsys.readouterr().out

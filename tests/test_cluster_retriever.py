@@ -76,7 +76,8 @@ def test_ema_weights_move_toward_hit_clusters(vectors, query_vectors):
         _, rows = cr.search(np.repeat(query_vectors[:1], 32, axis=0), 10)
     hit_clusters = np.unique(cr.doc_cluster[rows[0]])
     assert (cr.weights[hit_clusters] > 1.0).all()
-    assert cr.weights.min() >= 1 / cr.config.weight_clip and cr.weights.max() <= cr.config.weight_clip
+    lo, hi = cr.weight_bounds()
+    assert cr.weights.min() >= lo and cr.weights.max() <= hi
 
 
 def test_empty_clusters_get_no_share_and_results_never_short(vectors, query_vectors):
@@ -109,3 +110,152 @@ def test_single_query_fallback_may_consider_more_clusters_than_max_clusters(vect
     cr = ClusterRetriever(vectors.shape[1], ClusterConfig(nlist=64, max_clusters=8, adapt=False)).build(vectors)
     _, rows = cr.search(query_vectors[0], 200)
     assert (rows >= 0).all() and len(set(rows[0])) == 200
+
+
+# ---------------------------------------------------------------- §3.1.1 departures fixed in review
+
+def floored_softmax(logits: np.ndarray, min_share: float) -> np.ndarray:
+    """Reference for p_c ∝ max(softmax(logits), min_share), written out independently of the retriever."""
+    e = np.exp(logits - logits.max())
+    p = np.maximum(e / e.sum(), min_share)
+    return p / p.sum()
+
+
+def frozen_config(**kw) -> ClusterConfig:
+    """Adaptive clock (fresh draws per query) with a fixed temperature and frozen EMA weights
+    (decay 1), so the sampling distribution of a repeated query does not move."""
+    return ClusterConfig(**{"nlist": 32, "temperature_start": 0.05, "temperature_end": 0.05, "ema_decay": 1.0,
+                            "seed": 0, **kw})
+
+
+def spy_on_scans(cr: ClusterRetriever) -> np.ndarray:
+    """Counts, per cluster, how often the IVF scan is asked to probe it."""
+    scanned = np.zeros(cr.nlist, dtype=np.int64)
+    scan = cr.ivf.search_preassigned
+
+    def counting_scan(x, k, assign, *args, **kwargs):
+        np.add.at(scanned, assign[assign >= 0], 1)
+        return scan(x, k, assign, *args, **kwargs)
+
+    cr.ivf.search_preassigned = counting_scan
+    return scanned
+
+
+def test_floored_clusters_are_scanned_at_the_default_budget(vectors, query_vectors):
+    config = frozen_config()
+    cr = ClusterRetriever(vectors.shape[1], config).build(vectors)
+    q = query_vectors[0]
+    # Expected scans, from the centroids alone: the floored softmax over the 32 considered clusters,
+    # quota q_c = p_c·B, and a cluster below one slot is scanned with probability q_c/m per query.
+    centroid_scores = cr.centroids @ q
+    soft = np.exp(centroid_scores / 0.05 - (centroid_scores / 0.05).max())
+    soft /= soft.sum()
+    floored = np.flatnonzero(soft < config.min_share)
+    assert len(floored) >= 3, "the test needs clusters at the floor"
+    quota = floored_softmax(centroid_scores / 0.05, config.min_share) * config.candidate_budget
+    assert (quota[floored] < 0.1).all()  # a floored quota is far below one slot: plain rounding never scans it
+    sub_unit = np.flatnonzero((quota < 1) & (np.arange(cr.nlist) != np.argmax(centroid_scores)))
+    p_scan = quota / config.explore_slots
+
+    scanned = spy_on_scans(cr)
+    n = 4000
+    cr.search(np.repeat(q[None, :], n, axis=0), 10)  # each row is a new query on the serving clock
+    expected = n * p_scan[floored]
+    sd = np.sqrt(n * p_scan[floored] * (1 - p_scan[floored]))
+    assert (scanned[floored] > 0).all()  # every floored cluster was scanned
+    assert (np.abs(scanned[floored] - expected) <= 4 * sd + 1).all(), (scanned[floored], expected)
+    # The expected budget is unchanged: the explored clusters' slots (m each) add up to their quotas.
+    explored_slots = scanned[sub_unit].sum() * config.explore_slots / n
+    assert explored_slots == pytest.approx(quota[sub_unit].sum(), rel=0.05)
+
+    # Deterministic rounding (the behaviour before) never reaches them.
+    cr.config.explore_slots = 0
+    scanned[:] = 0
+    cr.search(np.repeat(q[None, :], 500, axis=0), 10)
+    assert scanned[floored].sum() == 0
+
+
+def test_exploration_draws_are_uniform_and_batch_equals_single(vectors, query_vectors):
+    cr = ClusterRetriever(vectors.shape[1], frozen_config()).build(vectors)
+    u = cr.draws(np.repeat(query_vectors[:1], 2000, axis=0))  # one query at 2000 clock positions
+    assert ((u >= 0) & (u < 1)).all()
+    np.testing.assert_allclose(np.histogram(u, bins=10, range=(0, 1))[0], 200, atol=20)
+    frozen = ClusterRetriever(vectors.shape[1], ClusterConfig(nlist=32, adapt=False)).build(vectors)
+    assert len(np.unique(frozen.draws(query_vectors))) == len(query_vectors)  # varies across queries...
+    np.testing.assert_array_equal(frozen.draws(query_vectors[:3]), frozen.draws(query_vectors[:3]))  # ...not calls
+
+
+def test_repeated_hits_raise_a_clusters_share_3_to_5x_and_no_more(vectors, query_vectors):
+    config = frozen_config(ema_decay=0.995)
+    cr = ClusterRetriever(vectors.shape[1], config).build(vectors)
+    lo, hi = cr.weight_bounds()
+    assert hi ** config.weight_strength == pytest.approx(config.weight_factor) == pytest.approx(4.0)
+    assert lo == pytest.approx(1 / hi)
+    scores, clusters = cr.ivf.quantizer.search(query_vectors, 32)
+    cold = cr.cluster_probabilities(scores, clusters)
+    # A (query, cluster) pair with a small, unfloored share: the weight term shows undamped there.
+    i, j = np.argwhere((cold > 0.003) & (cold < 0.03))[0]
+    target = clusters[i, j]
+    members = np.flatnonzero(cr.doc_cluster == target)
+    hits = members[np.arange(64 * 10) % len(members)].reshape(64, 10)  # 64 queries' top-10, all in `target`
+    for _ in range(40):
+        cr._record_hits(hits)
+    np.testing.assert_allclose(cr.weights[target], hi, rtol=1e-3)  # hit ~47x its size share: at the bound
+    assert np.allclose(np.delete(cr.weights, target), 1.0)  # clusters without hits stay neutral
+
+    factor_bound = config.weight_factor * (1 + 32 * config.min_share)
+    warm = cr.cluster_probabilities(scores[i:i + 1], clusters[i:i + 1])[0]
+    rise = warm[j] / cold[i, j]
+    # Independent expectation: the weight term multiplies the target's softmax weight by F = 4.
+    boost = np.where(clusters[i] == target, np.log(config.weight_factor), 0.0)
+    expected = floored_softmax(scores[i] / 0.05 + boost, config.min_share)[j] / floored_softmax(
+        scores[i] / 0.05, config.min_share)[j]
+    assert rise == pytest.approx(expected, rel=1e-3)
+    assert 3.0 <= rise <= 5.0
+    assert rise <= factor_bound
+
+    for _ in range(100):  # many more hits: the weight saturates, the share cannot rise further
+        cr._record_hits(hits)
+    assert cr.weights.max() <= hi * (1 + 1e-6)
+    again = cr.cluster_probabilities(scores[i:i + 1], clusters[i:i + 1])[0]
+    assert again[j] / cold[i, j] == pytest.approx(rise, rel=1e-3)
+    # Worst case, every rival at the lower bound: at most F² (times the floor's slack).
+    cr.weights = np.full(cr.nlist, lo, dtype=np.float32)
+    cr.weights[target] = hi
+    cr.refresh_tables()
+    extreme = cr.cluster_probabilities(scores[i:i + 1], clusters[i:i + 1])[0][j] / cold[i, j]
+    assert extreme <= config.weight_factor ** 2 * (1 + 32 * config.min_share)
+
+
+def gaussian_mixture(n: int = 3000, dim: int = 16, k: int = 12, spread: float = 0.05, seed: int = 0) -> np.ndarray:
+    """k well-separated modes on the unit sphere (random unit centres; spread 0.05 per coordinate)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    x = centres[rng.integers(0, k, n)] + spread * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("method", ["elbow", "silhouette"])
+def test_nlist_method_finds_the_true_number_of_clusters(method):
+    # Tolerance: within 2 of the true 12 (the coarse grid alone would give 10 or 14; the refinement
+    # between the coarse winner's neighbours should land on 12 itself).
+    x = gaussian_mixture()
+    cr = ClusterRetriever(16, ClusterConfig(nlist_method=method, pq_m=4, seed=0)).build(x)
+    assert abs(cr.nlist - 12) <= 2, cr.nlist_scores
+    assert cr.nlist in cr.nlist_scores and len(cr.nlist_scores) >= 11
+
+
+def test_default_nlist_stays_2_sqrt_n():
+    x = gaussian_mixture()
+    cr = ClusterRetriever(16, ClusterConfig(pq_m=4, seed=0)).build(x)
+    assert cr.config.nlist_method == "sqrt" and not cr.nlist_scores
+    assert cr.nlist == 128  # 2·sqrt(3000) ≈ 109.5, rounded to the nearest power of two
+    assert 2 * np.sqrt(3000) / np.sqrt(2) <= cr.nlist <= 2 * np.sqrt(3000) * np.sqrt(2)
+
+
+def test_unknown_nlist_method_and_bad_exploration_are_refused():
+    with pytest.raises(ValueError, match="nlist_method must be one of"):
+        ClusterRetriever(8, ClusterConfig(nlist_method="gap"))
+    with pytest.raises(ValueError, match="explore_slots must be"):
+        ClusterRetriever(8, ClusterConfig(explore_slots=-1))

@@ -206,3 +206,52 @@ def test_rl_prompts_reject_a_wrong_parquet_layout(tmp_path):
         load_rl_prompts(path)
     with pytest.raises(FileNotFoundError):
         load_rl_prompts(tmp_path / "missing.parquet")
+
+
+def test_whole_agent_trajectories_carry_rdra_background_plans_and_stie_rounds(world, questions, bm25, tokenizer):
+    """The SFT data runs the agent as `kunlun` is evaluated: RDRA's background block in the prompt, plan
+    samples for eq. 2, and STIE feedback rounds appended as environment (masked) tokens."""
+    from kunlunlab.agent.protocol import RESULT_TEMPLATE
+    from kunlunlab.agent.rdra import RDRAConfig
+
+    rdra = RDRAConfig(background_k=2, plan_k=1, max_docs=3, max_doc_chars=200)
+    cfg = MixingConfig(top_k=1, rdra_background=True)
+    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra)
+    ex = next(q for q in questions if q.type == "compositional")
+    t = builder.world(ex)
+    assert t.background.startswith("Plan:\n" + ex.chain[0].question) and "Documents:\n(1)" in t.background
+    assert t.background.count("\n(") == 2  # three numbered passages: (1) on the first line, (2) and (3)
+
+    plan = builder.plan_sample(ex)
+    row = tokenize_trajectory(tokenizer, plan)
+    trained = [i for i, m in zip(row["input_ids"], row["completion_mask"]) if m]
+    assert tokenizer.decode(trained[:-1]) == ex.chain[0].question and trained[-1] == tokenizer.eos_token_id
+    assert "Search plan:" in tokenizer.decode(row["input_ids"])
+
+    for wrong_first in (False, True):
+        t = builder.add_stie_round(builder.world(ex), ex, wrong_first, random.Random(3))
+        feedback = [s for s in t.segments if s.get("feedback")]
+        assert len(feedback) == 1 and feedback[0]["train"] is False
+        assert feedback[0]["text"].startswith(RESULT_TEMPLATE.split("{")[0]) and "Answer memory:" in feedback[0]["text"]
+        answers = re.findall(r"\\boxed\{(.*?)\}", t.text)
+        assert answers[-1] == ex.answers[0] and t.stie_rounds == 1
+        assert (answers[0] != ex.answers[0]) == wrong_first
+        before_feedback = t.segments[t.segments.index(feedback[0]) - 1]
+        assert before_feedback["train"] is (not wrong_first)  # a wrong first answer stays out of the loss
+        row = tokenize_trajectory(tokenizer, t)
+        fb_ids = tokenizer(feedback[0]["text"], add_special_tokens=False)["input_ids"]
+        ids, mask = row["input_ids"], row["completion_mask"]
+        start = next(i for i in range(len(ids)) if ids[i:i + len(fb_ids)] == fb_ids)
+        assert set(mask[start:start + len(fb_ids)]) == {0}
+        record = parse_completion(t.text)
+        assert record.answer == ex.answers[0] and record.n_searches == t.searches
+
+
+def test_mix_adds_plan_samples_and_feedback_rounds(world, questions, bm25):
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, top_k=1, rdra_background=True,
+                       plan_samples=2, stie_feedback_share=0.5)
+    out = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    rows = data_stats(out)
+    assert sum(r["kind"] == "plan" for r in rows) == 4
+    assert 0 < sum(r["stie_rounds"] > 0 for r in rows) < 16
+    assert all(t.background for t in out if t.kind == "trajectory")

@@ -1,28 +1,130 @@
-"""STIE on the paper's example (four rounds of "Russia" variants, then "France") and on edge cases."""
+"""STIE (paper §2.2, eqs. 5–13) on the paper's example (four rounds of "Russia" variants, then "France")
+and on edge cases. Every expected value is worked out by hand in the comments, with
+W("Saint Louis") = {saint, louis}, W("Saint Petersburg") = {saint, peter}: O = 1/3, D = 2/3."""
 from types import SimpleNamespace
 
+import pytest
+
 from kunlunlab.agent.stie import RoundInput, STIEConfig, STIEController, difference, overlap, replay, words
+from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS, cases_from_records, score
 
 RUSSIA_THEN_FRANCE = [RoundInput("Russia", 0.40, ["d1"]), RoundInput("Russian Federation", 0.45, ["d2"]),
                       RoundInput("Russia", 0.42, ["d3"]), RoundInput("the Russia", 0.41, ["d4"]),
                       RoundInput("France", 0.35, ["d5"])]
 
 
-def test_papers_example_blocks_the_loop_and_ends_on_the_new_answer():
-    answer, used, decisions = replay(RUSSIA_THEN_FRANCE, STIEConfig(max_rounds=8, repeat_k=3))
-    assert [d.redundant_with for d in decisions] == [None, 0, 1, 2, None]
-    assert decisions[2].shielded == ["Russia"] and decisions[2].all_blocked  # K=3 repeats: shielded
-    assert answer == "France" and used == 5 and decisions[-1].reason == "new_answer"
-    # With a larger K nothing is shielded, and the less confident new answer does not replace Russia.
-    answer, _, decisions = replay(RUSSIA_THEN_FRANCE, STIEConfig(max_rounds=8, repeat_k=10))
-    assert answer == "Russian Federation" and not decisions[-1].shielded
-
-
-def test_overlap_and_difference_on_stemmed_bags_of_words():
+def test_overlap_and_difference_on_stemmed_sets_of_words():
     assert words("The Russian Federation") == {"russi", "feder"}
+    # {russi} vs {russi, feder}: Jaccard 1/2; the complement (eq. 7) 1/2, in both directions.
     assert overlap(words("Russia"), words("Russian Federation")) == 0.5
+    assert difference(words("Russia"), words("Russian Federation")) == 0.5
     assert difference(words("Russian Federation"), words("Russia")) == 0.5
-    assert difference(words(""), words("x")) == 0.0 and overlap(frozenset(), frozenset()) == 1.0
+    assert difference(words("Saint Louis"), words("Saint Petersburg")) == pytest.approx(2 / 3)
+    # The earlier "added share" variant: Russia adds no word to Russian Federation (0), the reverse adds 1 of 2.
+    assert difference(words("Russia"), words("Russian Federation"), "added_share") == 0.0
+    assert difference(words("Russian Federation"), words("Russia"), "added_share") == 0.5
+    assert difference(words("Paris"), words("Paris")) == 0.0 and difference(words("Paris"), words("Lyon")) == 1.0
+    assert overlap(frozenset(), frozenset()) == 1.0
+
+
+def test_config_defaults_let_repeat_blocking_act_and_reject_unknown_measures():
+    cfg = STIEConfig()
+    assert cfg.difference == "complement" and cfg.max_rounds == 5 and cfg.repeat_k == 3
+    assert cfg.max_rounds > cfg.repeat_k
+    with pytest.raises(ValueError):
+        STIEConfig(difference="cosine")
+    with pytest.raises(ValueError):
+        STIEConfig(max_rounds=0)
+
+
+def test_papers_example_blocks_the_loop_and_ends_on_the_new_answer():
+    answer, used, d = replay(RUSSIA_THEN_FRANCE, STIEConfig())  # defaults: K=3, 5 rounds
+    # RF vs R: D = 0.5 < δ1 = 0.6; R vs RF: 0.5; the Russia vs Russia: 0; France differs fully from all.
+    assert [x.redundant_with for x in d] == [None, 0, 1, 2, None]
+    # Round 2 is redundant: replaced by the most confident form of its (unshielded) answer, RF (0.45).
+    assert [x.accepted for x in d] == ["Russia", "Russian Federation", "Russian Federation",
+                                       "Russian Federation", "France"]
+    # Round 3 is the third Russia: shielded with every surface form; nothing else is left (all blocked).
+    assert d[1].shielded == [] and d[2].shielded == ["Russia", "Russian Federation"] and d[2].all_blocked
+    assert d[2].replaced and not d[1].replaced  # round 2's own form was already the most confident
+    # Mean overlap with the answered rounds among the last three: 1/2, (1 + 1/2)/2, (1 + 1/2 + 1)/3, 0.
+    assert d[0].mean_overlap is None
+    assert [x.mean_overlap for x in d[1:]] == pytest.approx([0.5, 0.75, 5 / 6, 0.0])
+    assert [x.stop for x in d] == [False, False, False, False, True]
+    assert answer == "France" and used == 5 and d[-1].reason == "new_answer" and not d[-1].all_blocked
+
+
+def test_a_new_answer_is_accepted_even_when_less_confident():
+    # Without shielding (K=10), France (0.35) is still valid and replaces the more confident RF (0.45).
+    answer, _, d = replay(RUSSIA_THEN_FRANCE, STIEConfig(repeat_k=10))
+    assert answer == "France" and not d[-1].shielded and not d[-1].replaced
+    # Saint Petersburg (0.5) after Saint Louis (0.8): D = 2/3 >= 0.6, valid, so it becomes the answer.
+    _, _, d = replay([RoundInput("Saint Louis", 0.8, ["a"]), RoundInput("Saint Petersburg", 0.5, ["b"])],
+                     STIEConfig())
+    assert d[1].redundant_with is None and d[1].accepted == "Saint Petersburg" and not d[1].stop
+
+
+def test_a_redundant_answer_is_replaced_by_the_most_confident_unshielded_candidate():
+    rounds = [RoundInput("Saint Louis", 0.8, ["a"]), RoundInput("Saint Petersburg", 0.5, ["b"]),
+              RoundInput("Saint Petersburg", 0.3, ["c"])]
+    answer, used, d = replay(rounds, STIEConfig())
+    # Round 3 repeats round 2 (D = 0): candidates Saint Louis (0.8) and Saint Petersburg (0.5) -> Saint Louis.
+    assert d[2].redundant_with == 1 and d[2].replaced and answer == "Saint Louis"
+    assert used == 3 and not d[2].stop  # 3 < max_rounds, new documents, low confidence
+    # A margin protects the redundant answer's own cluster: 0.8 <= 0.5 + 0.4, so it stays.
+    assert replay(rounds, STIEConfig(margin=0.4))[0] == "Saint Petersburg"
+
+
+def test_an_answer_repeated_k_times_is_shielded_and_blocked_even_when_confident():
+    rounds = [RoundInput("Saint Louis", 0.4, ["a"]), RoundInput("Saint Petersburg", 0.7, ["b"]),
+              RoundInput("Saint Petersburg", 0.7, ["c"]), RoundInput("Saint Petersburg", 0.7, ["d"]),
+              RoundInput("Saint Petersburg", 0.95, ["e"])]
+    answer, used, d = replay(rounds, STIEConfig())
+    # Round 3: redundant but the most confident candidate (0.7 > 0.4): kept. Round 4: n = 3 = K, shielded,
+    # replaced by the only unshielded candidate, Saint Louis. Round 5: 0.95 is no "confident" stop when shielded.
+    assert [x.accepted for x in d] == ["Saint Louis", "Saint Petersburg", "Saint Petersburg", "Saint Louis",
+                                       "Saint Louis"]
+    assert d[2].shielded == [] and d[3].shielded == ["Saint Petersburg"] and not d[3].all_blocked
+    assert [x.stop for x in d] == [False, False, False, False, True] and d[-1].reason == "max_rounds"
+    assert answer == "Saint Louis" and used == 5
+
+
+def test_termination_uses_the_mean_overlap_over_the_recent_rounds():
+    # Paris -> Lyon: valid, mean overlap 0 < 0.2: a new answer ends the loop at round 2.
+    answer, used, d = replay([RoundInput("Paris", 0.5, ["a"]), RoundInput("Lyon", 0.4, ["b"])], STIEConfig())
+    assert answer == "Lyon" and used == 2 and d[-1].reason == "new_answer"
+    # Saint Louis Missouri, Saint Louis (redundant: D = 1/3), Saint Petersburg (valid: D = 2/3 and 3/4):
+    # overlaps 1/3 and 1/4, mean 7/24 = 0.2917. The mean is below 0.3 although one overlap (1/3) is not.
+    rounds = [RoundInput("Saint Louis Missouri", 0.5, ["a"]), RoundInput("Saint Louis", 0.5, ["b"]),
+              RoundInput("Saint Petersburg", 0.5, ["c"])]
+    _, used, d = replay(rounds, STIEConfig(overlap_stop=0.3))
+    assert [x.redundant_with for x in d] == [None, 0, None]
+    assert d[-1].mean_overlap == pytest.approx(7 / 24) and used == 3 and d[-1].reason == "new_answer"
+    _, used, d = replay(rounds, STIEConfig(overlap_stop=0.29))  # 0.2917 >= 0.29: keep going
+    assert used == 3 and not d[-1].stop
+
+
+def test_a_low_mean_overlap_does_not_end_the_loop_on_a_redundant_answer():
+    # Marseille city vs Marseille: O = 1/2, D = 1/2 < 0.6, redundant; its mean overlap with Paris, Lyon and
+    # Marseille is 1/6 < 0.2, but only a valid answer ends the loop (criterion i). The first three rounds
+    # run with rule (i) off (Lyon after Paris would end the loop at once), the fourth with the default 0.2.
+    controller = STIEController(STIEConfig(overlap_stop=-1.0, max_rounds=8))
+    for r in [RoundInput("Paris", 0.5, ["a"]), RoundInput("Lyon", 0.5, ["b"]), RoundInput("Marseille", 0.5, ["c"])]:
+        assert not controller.step(0, r).stop
+    controller.config = STIEConfig(overlap_stop=0.2, max_rounds=8)
+    d = controller.step(0, RoundInput("Marseille city", 0.5, ["d"]))
+    assert d.redundant_with == 2 and d.mean_overlap == pytest.approx(1 / 6) and not d.stop
+    assert d.accepted == "Marseille"  # redundant: replaced by its cluster's first (equally confident) form
+
+
+def test_the_added_share_measure_remains_selectable():
+    # Russia after Russian Federation with δ1 = 0.4: complement D = 0.5 >= 0.4 (valid, a new answer);
+    # the added share is 0 (redundant).
+    rounds = [RoundInput("Russian Federation", 0.5, ["a"]), RoundInput("Russia", 0.5, ["b"])]
+    _, _, d = replay(rounds, STIEConfig(delta1=0.4, overlap_stop=0.0))
+    assert d[1].redundant_with is None and d[1].accepted == "Russia"
+    _, _, d = replay(rounds, STIEConfig(delta1=0.4, overlap_stop=0.0, difference="added_share"))
+    assert d[1].redundant_with == 0 and d[1].accepted == "Russian Federation"
 
 
 def test_empty_history_accepts_the_first_answer_and_a_confident_one_stops():
@@ -32,43 +134,62 @@ def test_empty_history_accepts_the_first_answer_and_a_confident_one_stops():
     assert answer is None and d[0].reason == "max_rounds"
 
 
-def test_ties_keep_the_incumbent_and_a_margin_is_needed_to_replace():
-    rounds = [RoundInput("Lyon", 0.5, ["a"]), RoundInput("Marseille city", 0.5, ["b"])]
-    assert replay(rounds, STIEConfig(overlap_stop=0.0))[0] == "Lyon"
-    rounds = [RoundInput("Lyon", 0.5, ["a"]), RoundInput("Marseille city", 0.53, ["b"])]
-    assert replay(rounds, STIEConfig(overlap_stop=0.0, margin=0.05))[0] == "Lyon"
-    assert replay(rounds, STIEConfig(overlap_stop=0.0, margin=0.01))[0] == "Marseille city"
-
-
 def test_everything_blocked_falls_back_to_the_most_confident():
     rounds = [RoundInput("Oslo", 0.3, ["a"]), RoundInput("Bergen", 0.6, ["b"])]
-    answer, _, d = replay(rounds, STIEConfig(repeat_k=1, overlap_stop=0.0))
-    assert d[-1].all_blocked and answer == "Bergen" and sorted(d[-1].shielded) == ["Bergen", "Oslo"]
+    answer, _, d = replay(rounds, STIEConfig(repeat_k=1))  # K=1: every answer is shielded at once
+    assert d[0].all_blocked and d[0].accepted == "Oslo"
+    assert d[-1].all_blocked and answer == "Bergen" and d[-1].shielded == ["Bergen", "Oslo"]
+    assert not d[-1].stop  # a shielded answer is never "new" nor "confident"
 
 
 def test_no_new_information_terminates():
     rounds = [RoundInput("Oslo", 0.3, ["a", "b"]), RoundInput("Oslo", 0.3, ["a", "b"])]
-    _, used, d = replay(rounds, STIEConfig(max_rounds=5))
+    _, used, d = replay(rounds, STIEConfig())
     assert used == 2 and d[-1].reason == "no_new_info"
 
 
 def test_online_controller_matches_replay_and_gives_feedback():
-    controller = STIEController(STIEConfig(max_rounds=8))
+    controller = STIEController(STIEConfig())
     outcomes = [controller.observe(0, SimpleNamespace(answer=r.answer, confidence=r.confidence, doc_ids=r.doc_ids))
                 for r in RUSSIA_THEN_FRANCE]
     assert [stop for stop, _ in outcomes] == [False, False, False, False, True]
-    assert "Blocked (repeated too often): Russia" in outcomes[2][1]
-    assert controller.final_answer(0) == replay(RUSSIA_THEN_FRANCE, STIEConfig(max_rounds=8))[0] == "France"
+    assert outcomes[0][1].startswith("Answer memory: Russia.") and "Blocked" not in outcomes[1][1]
+    assert "Blocked (repeated too often): Russia, Russian Federation." in outcomes[2][1]
+    assert outcomes[-1][1] is None
+    assert controller.final_answer(0) == "France" and controller.final_answer(7) is None
 
 
 def test_rounds_without_an_answer_neither_repeat_nor_get_accepted():
     rounds = [RoundInput("Oslo", 0.3, ["a"]), RoundInput(None, 0.9, ["b"]), RoundInput(None, 0.9, ["c"])]
     answer, _, d = replay(rounds, STIEConfig(max_rounds=3, repeat_k=2))
     assert answer == "Oslo" and [x.redundant_with for x in d] == [None, None, None] and not d[-1].shielded
+    assert [x.reason for x in d] == [None, None, "max_rounds"]
+
+
+def test_collect_all_rounds_disables_early_stopping():
+    confident = [RoundInput("Paris", 0.95, ["a"])] * 5  # would stop at once (confident), then on no new info
+    assert replay(confident, STIEConfig())[1] == 1
+    answer, used, d = replay(confident, STIEConfig(**COLLECT_ALL_ROUNDS))
+    assert used == 5 and [x.reason for x in d] == [None] * 4 + ["max_rounds"] and answer == "Paris"
+    # France ends the paper's example early ("new_answer"); in collection mode all cached rounds are kept.
+    assert replay(RUSSIA_THEN_FRANCE, STIEConfig(max_rounds=8))[2][-1].reason == "new_answer"
+    _, used, d = replay(RUSSIA_THEN_FRANCE, STIEConfig(max_rounds=8, **COLLECT_ALL_ROUNDS))
+    assert used == 5 and not any(x.stop for x in d)
+
+
+def test_cases_from_records_and_score():
+    records = [{"golds": ["France"], "trajectory": {"rounds": [
+        {"answer": r.answer, "confidence": r.confidence, "doc_ids": list(r.doc_ids)} for r in RUSSIA_THEN_FRANCE]}},
+        {"golds": ["Oslo"], "trajectory": {"rounds": [{"answer": "Oslo", "confidence": 0.95, "doc_ids": ["x"]}]}}]
+    cases = cases_from_records(records)
+    assert [len(rounds) for _, rounds in cases] == [5, 1]
+    # France after 5 rounds (EM 1) and Oslo at once (EM 1): mean rounds 3; capped at 4 rounds: RF, EM 0.
+    assert score(cases, STIEConfig()) == {"em": 1.0, "rounds": 3.0, "n": 2}
+    assert score(cases, STIEConfig(max_rounds=4)) == {"em": 0.5, "rounds": 2.5, "n": 2}
 
 
 def test_grid_search_on_simulated_loops_prefers_blocking_repeats():
-    from kunlunlab.agent.stie_tuning import grid_search, score, simulated_cases
+    from kunlunlab.agent.stie_tuning import grid_search, simulated_cases
 
     cases = simulated_cases([f"gold {i}" for i in range(60)], ["Russia", "Spain", "Peru"], n_rounds=5, seed=1)
     base = STIEConfig(max_rounds=5)

@@ -181,3 +181,57 @@ def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questi
     rollout._remote = None
     with pytest.raises(ValueError, match="vllm_mode"):
         rollout([questions[0].question] * 2, trainer)
+
+
+def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backend):
+    """DAPO's dynamic sampling: groups whose accuracy is all-equal (even if their shaped totals differ) are
+    replaced by informative groups of other training questions, whose answers reach the rewards."""
+    from types import SimpleNamespace
+
+    from kunlunlab.agent.rollout import Trajectory
+    from kunlunlab.training.dapo import SearchRollout
+
+    def turn(answer, tidy=True):
+        return f"<think>so</think><short_answer>\\boxed{{{answer}}}</short_answer>" + ("" if tidy else " extra")
+
+    # Per question: what its 2 samples answer (gold is "gold-<question>").
+    plan = {"q0": [turn("gold-q0"), turn("gold-q0")],                 # all right: flat
+            "q1": [turn("wrong"), turn("wrong", tidy=False)],          # all wrong, totals differ: flat by accuracy
+            "q2": [turn("gold-q2"), turn("wrong")],                    # informative
+            "q3": [turn("wrong"), turn("wrong")],                      # flat
+            "q4": [turn("wrong"), turn("gold-q4")]}                    # informative
+
+    class Scripted(SearchRollout):
+        def _backend(self, trainer, model):
+            return None
+
+        def _roll(self, backend, questions, seed):
+            seen, out = {}, []
+            for q in questions:
+                k = seen.get(q, 0)
+                seen[q] = k + 1
+                text = plan[q][k]
+                out.append(Trajectory(q, [1, 2], [5, 6], [1, 1], [0.0, 0.0], [{"kind": "model", "text": text}],
+                                      finish="answer", answer=text.split("{")[1].split("}")[0]))
+                out[-1].final_answer = out[-1].answer
+            return out
+
+    answers = {q: [f"gold-{q}"] for q in plan}
+    rollout = Scripted(None, backend.tokenizer, answers, RolloutConfig(), DAPOStageConfig(max_resample=3),
+                       RewardConfig())
+    model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
+    trainer = SimpleNamespace(num_generations=2, model=model, state=SimpleNamespace(global_step=0),
+                              args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    out = rollout(["q0", "q0", "q1", "q1"], trainer)
+    kept = [a[0] for a in out["answers"]]
+    assert sorted({kept[0], kept[2]}) == ["gold-q2", "gold-q4"] and kept[0] == kept[1] and kept[2] == kept[3]
+    assert all(any(m) for m in out["env_mask"])              # nothing left out of the loss
+    stats = rollout.history[-1]
+    assert stats["flat_groups_before"] == 2 and stats["refilled_groups"] == 2 and stats["flat_groups"] == 0
+    # with no refill rounds, the flat groups stay but carry no loss ... unless every group is flat
+    rollout = Scripted(None, backend.tokenizer, answers, RolloutConfig(), DAPOStageConfig(max_resample=0),
+                       RewardConfig())
+    out = rollout(["q0", "q0", "q2", "q2"], trainer)
+    assert [any(m) for m in out["env_mask"]] == [False, False, True, True]
+    out = rollout(["q0", "q0", "q1", "q1"], trainer)
+    assert all(any(m) for m in out["env_mask"])

@@ -4,7 +4,7 @@ from notebook_writer import code, md, write_notebook
 cells = [
     md("""# 02 · Progressive data mixing: noisy and high-quality trajectories
 
-KunLunBaizeRAG trains on a **mix** of high-quality and noisy search-think trajectories (paper §3.5).
+KunLunBaizeRAG trains on a **mix** of high-quality and noisy search-think trajectories (paper §2.3).
 Training starts at a 1:1 ratio (the *cold start*, eq. 14); the high-quality share then rises to 100 %
 by the turning epoch T (eq. 15) while the noisy samples that remain get noisier (eq. 16).
 

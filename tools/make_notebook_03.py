@@ -4,7 +4,7 @@ from notebook_writer import code, md, write_notebook
 cells = [
     md("""# 03 · Reward design: dual-mode rewards for short and long answers
 
-The RL stage scores each trajectory with a **dual-mode** reward (paper §3.5):
+The RL stage scores each trajectory with a **dual-mode** reward (paper §2.3):
 
 * short answers (`<short_answer>\\boxed{…}</short_answer>`): $R_{short} = w_f r_{format} + w_l r_{length} + w_a r_{accuracy}$ (eq. 17)
 * long answers (`<long_answer> summary \\boxed{…} </long_answer>`): $R_{long} = R_{short}$-terms $+\\, w_s (r_{structure} - 1)$ (eq. 18):
@@ -56,9 +56,11 @@ fig"""),
 Pick a case or write your own trajectory (the text after the assistant's opening `<think>`), set the gold
 answer and the weights; the table shows every component as the trainer would see it."""),
     code("""picker = widgets.Dropdown(options=[c["name"] for c in REWARD_CASES], description="case")
-text = widgets.Textarea(value=REWARD_CASES[0]["text"], layout=widgets.Layout(width="100%", height="180px"))
+# 95 % and no horizontal scroll: a 100 % text area plus its border is wider than the VBox
+text = widgets.Textarea(value=REWARD_CASES[0]["text"], layout=widgets.Layout(width="95%", height="180px"))
 gold = widgets.Text(value=" | ".join(REWARD_CASES[0]["golds"]), description="gold")
-tokens = widgets.IntText(value=0, description="model tokens")
+# the default label width (about 80 px) cuts "model tokens": let the label take the width it needs
+tokens = widgets.IntText(value=0, description="model tokens", style={"description_width": "initial"})
 sliders = {k: widgets.FloatSlider(value=getattr(cfg, k), min=0, max=2, step=0.05, description=k)
            for k in ("w_format", "w_length", "w_accuracy", "w_structure")}
 out = widgets.HTML()

@@ -4,15 +4,24 @@ from notebook_writer import code, md, write_notebook
 cells = [
     md("""# 04 · Training: format cold start (SFT) and DAPO through TRL
 
-The progressive training of KunLunBaizeRAG (paper §3.5), end to end on the embedded SmolLM2-135M:
+The progressive training of KunLunBaizeRAG (paper §2.3), end to end on the embedded SmolLM2-135M. What is
+trained is the **whole agent** (`agent.method = "kunlun"`), run exactly as it is evaluated: every prompt
+carries RDRA's background block (§2.1: the plan, then the passages retrieved for the question and for the
+plan's queries), and STIE (§2.2) watches the answer rounds, appending its feedback when the agent should
+verify. `agent.method = "agent"` trains the search-think protocol alone (the ablation notebook 06 compares).
 
-1. **Data**: the mixed trajectories of notebook 02 (schedule eqs. 14–16).
+1. **Data**: the mixed trajectories of notebook 02 (schedule eqs. 14–16), written as the whole agent runs:
+   RDRA backgrounds with real retrieval, planning samples (the plan prompt → the plan) and, for a quarter of
+   the trajectories, an STIE feedback round after the answer (verify with a new search, answer again; in
+   half of them the first answer was wrong and is corrected, its tokens kept out of the loss).
 2. **Stage 1, format cold start**: TRL `SFTTrainer` on the trajectories; the loss covers the model's own
    tokens only: prompts, retrieved `<result>` blocks and the wrong turns of noisy samples are masked.
 3. **Stage 2, DAPO**: TRL `GRPOTrainer` with `loss_type="dapo"` (token-level aggregation), clip-higher
    (`epsilon_high`), no KL term, dynamic sampling and overlong shaping. Rollouts come from the same batched
-   engine as inference via `rollout_func`, which returns `env_mask` so retrieved tokens get no gradient (eq. 19).
-   Rewards are notebook 03's dual-mode rewards.
+   engine as inference via `rollout_func`, which returns `env_mask` so retrieved tokens and STIE's feedback
+   get no gradient (eq. 19). Rewards are notebook 03's dual-mode rewards, scored on the answer STIE accepts.
+   Dynamic sampling judges a group by its accuracy: a group whose samples are all right or all wrong has no
+   signal, so it is dropped and replaced by an informative group of another training question.
 4. **Evaluation before and after** with the same inference pipeline (`kunlunlab eval`'s harness) on
    held-out synthetic questions and the held-out half of the HotpotQA distractor sample.
 
@@ -71,6 +80,10 @@ fig"""),
 pick = next((r for r in records if r["em"]), records[0])
 print("gold:", pick["golds"], "| prediction:", pick["prediction"])
 display(HTML(render_trajectory(pick)))"""),
+    md("""Where the EM comes from: answers closed with an answer tag versus answers the evaluation had to extract
+from free text (the fallback every baseline gets). A gain from following the protocol shows up as tagged answers."""),
+    code("""print({k: summary.get(k) for k in ("em_tagged_after", "n_tagged_after", "em_fallback_after", "n_fallback_after")})
+print("trajectory mix:", summary["trajectory_mix"])"""),
     code("""(run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
 {k: summary[k] for k in ("em_before", "em_after", "format_compliance_before", "format_compliance_after", "seconds")}"""),
 ]

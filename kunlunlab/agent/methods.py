@@ -223,12 +223,14 @@ class KunLun(_RolloutMethod):
             if contexts:
                 c = contexts[i]
                 record["rdra"] = {"plan": c.plan, "plan_queries": c.plan_queries, "doc_ids": c.doc_ids,
-                                  "background": c.background, "error": c.error, "seconds": rdra_s / len(questions)}
+                                  "background": c.background, "error": c.error, "searches": c.searches,
+                                  "seconds": rdra_s / len(questions)}
                 doc_ids = c.doc_ids + doc_ids
                 if c.error:
                     self.search_errors.append(c.error)
             record["stie_answer"] = prediction
-            out.append(MethodOutput(prediction, t.n_searches + (2 if contexts else 0), doc_ids, record))
+            rdra_searches = contexts[i].searches if contexts else 0  # queries RDRA actually sent
+            out.append(MethodOutput(prediction, t.n_searches + rdra_searches, doc_ids, record))
         return out
 
 

@@ -3,7 +3,7 @@
 The model writes ``<think>…</think>``, asks with ``<search>…</search>`` (several ``<query>…</query>``
 elements inside one search are answered together, as in RAG-R1), receives ``<result>…</result>``
 from the environment, and ends with ``<short_answer>\\boxed{…}</short_answer>`` or
-``<long_answer>…\\boxed{…}…</long_answer>`` (paper §3.4).
+``<long_answer>…\\boxed{…}…</long_answer>`` (paper §2.3, the dual-mode answers).
 
 :func:`parse_turn` reads one generated segment (a turn ends at ``</search>``, at an answer's closing
 tag, or where generation stopped) and returns a :class:`Turn` whose ``issues`` name every protocol

@@ -1,17 +1,27 @@
-"""RDRA: RAG-driven Reasoning Alignment (paper §3.1.1, eqs. 1–4): retrieve first, think next, then reason.
+"""RDRA: RAG-driven Reasoning Alignment (paper §2.1, eqs. 1–4): retrieve first, think next, then reason.
 
 * (1) background retrieval  D_1 = R(x; K): top-k passages for the raw question.
 * (2) thought-guiding plan   t = T_θ(x, D_1): the model decomposes the task and states its retrieval
   intent, one search query per line.
-* (3) second-stage retrieval D_2 = R(t; K): each plan line (and the whole plan) is a query.
+* (3) second-stage retrieval D_2 = R(t; K): the whole plan is one query (eq. 3 retrieves with t itself)
+  and each plan line is another (the lines are the sub-questions the plan names; on the synthetic world
+  the per-line queries find the hop passages that the whole-plan query dilutes).
 * (4) reasoning              y ~ P_φ(y | x, t, D_1 ∪ D_2): the agent starts from the joint context,
   given to it as the ``<background>`` block of its prompt.
 
-Everything is batched: one retrieval call per stage and one generation call for all plans.
+The joint context holds ``max_docs`` passages; ``background_share`` of them come from D_1 and the rest
+from D_2 (either side fills the other's unused slots). The paper gives no split; the default 0.4 keeps
+2 of 5 slots for the question's own neighbours and 3 for the plan's, which are the ones that reach
+beyond the first hop.
+
+Everything is batched: one retrieval call per stage and one generation call for all plans. Training
+data (:mod:`kunlunlab.data.mixing`) composes its backgrounds with :func:`joint_context` and
+:func:`background_text`, so supervised fine-tuning sees exactly what inference will put in the prompt.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import PLAN_SYSTEM, PLAN_USER_TEMPLATE, numbered_docs
@@ -21,12 +31,20 @@ from kunlunlab.retrieval.service import RetrievalServiceError
 
 @dataclass
 class RDRAConfig:
-    background_k: int = 3   # passages of the first stage
-    plan_k: int = 2         # passages per plan query in the second stage
+    background_k: int = 3      # passages of the first stage, eq. (1)
+    plan_k: int = 2            # passages per plan query in the second stage, eq. (3)
     plan_tokens: int = 64
-    max_plan_queries: int = 3
-    max_docs: int = 5       # passages in the final background block
+    max_plan_queries: int = 3  # plan lines used as queries (the whole plan is queried besides them)
+    query_whole_plan: bool = True
+    max_docs: int = 5          # passages in the final background block, eq. (4)
+    background_share: float = 0.4  # share of max_docs reserved for D_1 (the rest for D_2)
     max_doc_chars: int = 400
+
+    def __post_init__(self):
+        if not 0.0 <= self.background_share <= 1.0:
+            raise ValueError(f"background_share must lie in [0, 1], got {self.background_share}")
+        if min(self.background_k, self.plan_k, self.max_docs, self.plan_tokens) < 1 or self.max_plan_queries < 0:
+            raise ValueError(f"invalid RDRA sizes: {self}")
 
 
 @dataclass
@@ -36,12 +54,56 @@ class RDRAContext:
     doc_ids: list[str] = field(default_factory=list)
     background: str = ""
     error: str | None = None
+    searches: int = 0          # retrieval queries actually sent for this question (stage 1 + stage 2)
 
 
-def plan_queries(plan: str, question: str, limit: int) -> list[str]:
+def plan_queries(plan: str, question: str, limit: int, whole_plan: bool = True) -> list[str]:
+    """Eq. (3)'s queries: the whole plan (as one line of text) and up to ``limit`` of its lines; the
+    question itself when the plan names nothing searchable."""
     lines = [ln.strip(" -*•0123456789.)\t") for ln in plan.splitlines()]
-    queries = [ln for ln in lines if len(ln.split()) >= 2][:limit]
-    return queries or [question]
+    lines = [ln for ln in lines if len(ln.split()) >= 2]
+    queries = lines[:limit]
+    whole = " ".join(lines)
+    if whole_plan and whole and whole not in queries:
+        queries = [whole] + queries
+    return list(dict.fromkeys(queries)) or [question]
+
+
+def joint_context(first: Sequence, second: Sequence, cfg: RDRAConfig) -> list:
+    """Eq. (4)'s D_1 ∪ D_2, de-duplicated by id: ``round(background_share · max_docs)`` slots for D_1,
+    the rest for D_2; unused slots of one side go to the other."""
+    def dedup(hits, seen):
+        out = []
+        for h in hits:
+            if h.id not in seen:
+                seen.add(h.id)
+                out.append(h)
+        return out
+
+    seen: set[str] = set()
+    d1 = dedup(first, seen)
+    d2 = dedup(second, seen)
+    n1 = round(cfg.background_share * cfg.max_docs)
+    take1 = min(len(d1), max(n1, cfg.max_docs - len(d2)))
+    take2 = min(len(d2), cfg.max_docs - take1)
+    return d1[:take1] + d2[:take2]
+
+
+def clip_doc(text: str, max_chars: int) -> str:
+    return text if len(text) <= max_chars else text[:max_chars] + "…"
+
+
+def background_text(plan: str, docs: Sequence, cfg: RDRAConfig) -> str:
+    """The ``<background>`` block's content: the plan, then the joint context's passages."""
+    return f"Plan:\n{plan.strip()}\n\nDocuments:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
+
+
+def plan_prompt_messages(question: str, first_hits: Sequence, cfg: RDRAConfig) -> list[dict]:
+    """Eq. (2)'s input: the question and D_1, under the planning instruction."""
+    docs = numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in first_hits])
+    return [{"role": "system", "content": PLAN_SYSTEM},
+            {"role": "user", "content": PLAN_USER_TEMPLATE.format(background=f"Background:\n{docs}\n\n",
+                                                                  question=question)}]
 
 
 def rdra_contexts(backend: Backend, search: SearchFn, questions: list[str],
@@ -55,30 +117,18 @@ def rdra_contexts(backend: Backend, search: SearchFn, questions: list[str],
         except RetrievalServiceError as err:  # defined fallback: reason without background
             return [[] for _ in queries], str(err)
 
-    def clip(text: str) -> str:
-        return text if len(text) <= cfg.max_doc_chars else text[:cfg.max_doc_chars] + "…"
-
     first, error1 = safe_search(questions, cfg.background_k)                       # eq. (1)
-    prompts = [chat_prompt_ids(tok, [{"role": "system", "content": PLAN_SYSTEM},
-                                     {"role": "user", "content": PLAN_USER_TEMPLATE.format(
-                                         background=f"Background:\n{numbered_docs([clip(h.contents) for h in hits])}\n\n",
-                                         question=q)}])
-               for q, hits in zip(questions, first)]
+    prompts = [chat_prompt_ids(tok, plan_prompt_messages(q, hits, cfg)) for q, hits in zip(questions, first)]
     plans = [s.text.replace(tok.eos_token or "", "").strip()
              for s in generate_once(backend, prompts, cfg.plan_tokens, stop=())]   # eq. (2)
-    per_question = [plan_queries(p, q, cfg.max_plan_queries) for p, q in zip(plans, questions)]
+    per_question = [plan_queries(p, q, cfg.max_plan_queries, cfg.query_whole_plan) for p, q in zip(plans, questions)]
     flat = [q for qs in per_question for q in qs]
     second, error2 = safe_search(flat, cfg.plan_k) if flat else ([], None)        # eq. (3)
     out, cursor = [], 0
     for q, plan, qs, hits1 in zip(questions, plans, per_question, first):
         hits2 = [h for hits in second[cursor:cursor + len(qs)] for h in hits]
         cursor += len(qs)
-        docs, seen = [], set()
-        for h in list(hits1) + hits2:  # eq. (4): the joint context, first-stage passages first
-            if h.id not in seen:
-                seen.add(h.id)
-                docs.append(h)
-        docs = docs[:cfg.max_docs]
-        background = f"Plan:\n{plan}\n\nDocuments:\n{numbered_docs([clip(h.contents) for h in docs])}"
-        out.append(RDRAContext(plan, qs, [h.id for h in docs], background, error1 or error2))
+        docs = joint_context(hits1, hits2, cfg)                                    # eq. (4)
+        out.append(RDRAContext(plan, qs, [h.id for h in docs], background_text(plan, docs, cfg),
+                               error1 or error2, searches=1 + len(qs)))
     return out

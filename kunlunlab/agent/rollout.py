@@ -65,6 +65,7 @@ class Trajectory:
     rounds: list[AnswerRound] = field(default_factory=list)
     answer: str | None = None
     answer_mode: str | None = None
+    final_answer: str | None = None  # set by the caller: STIE's accepted answer (or the last round's)
     finish: str = ""  # "answer", "controller", "no_action", "budget", "search_limit", "incomplete"
     issues: list[str] = field(default_factory=list)
     search_errors: list[str] = field(default_factory=list)

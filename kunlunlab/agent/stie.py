@@ -1,25 +1,41 @@
-"""STIE: Search-Think Iterative Enhancement, a controller over the agent's answer rounds (paper §3.1.2).
+"""STIE: Search-Think Iterative Enhancement, a controller over the agent's answer rounds.
 
-The paper gives the mechanism as memory → filter → confidence; its equations are reconstructed here
-from the paper's description (numbers refer to the paper's eqs. 5–13):
+Source: arXiv 2506.19466 (KunLunBaizeRAG), §2.2, equations 5–13: a three-tier "memory – filter –
+confidence" framework. What we could read of the paper (its abstract, and a secondary summary of
+§2.2 whose text kept the prose but dropped the typeset mathematics) fixes the structure: a memory of
+earlier answers; a lexical overlap O and a difference D between a new answer and that history; a
+validity test against the last three rounds with asymmetric thresholds δ1..δ3; replacement of an
+answer that fails it by a more confident candidate that is not blocked; a blocklist of answers
+generated K or more times; and termination when the overlap with earlier answers is low, when
+confidence plateaus, or when the information changes little between rounds. **The exact formulas
+below are our reconstruction of that prose**, numbered as the paper numbers them.
 
-* (5) answer memory  M_t = [(a_1, c_1), …, (a_{t-1}, c_{t-1})], c = exp(mean token log-prob).
-* (6) overlap        O(a_t, a_j) = |W(a_t) ∩ W(a_j)| / |W(a_t) ∪ W(a_j)|, W = bag of normalised, stemmed words.
-* (7) difference     D(a_t, a_j) = |W(a_t) \\ W(a_j)| / |W(a_t)|  (share of words a_t adds).
-* (8) validity       a_t is *new* iff D(a_t, a_{t-k}) ≥ δ_k for every lag k = 1..3 that exists. The
-  thresholds are asymmetric: repeating the last round is judged most strictly (δ1 ≥ δ2 ≥ δ3).
-  An answer that is not new is *redundant* with the earlier answer it failed against.
-* (9) repeat count   n(a) counts the rounds whose answer was a or redundant with it.
-* (10) shielded set  S = {a : n(a) ≥ K}: an answer repeated K times is blocked (a reasoning loop).
-* (11) candidate set C = distinct answers not in S, each with its best confidence (and the surface
-  form that had it).
-* (12) replacement    the accepted answer â is replaced by a_t when c_t > c(â) + margin, or when â is
-  shielded; ties keep the incumbent. If every candidate is shielded, the most confident is kept
-  (flag ``all_blocked``).
-* (13) termination    stop after round t when (i) t ≥ 2 and a_t overlaps every earlier answer by less
-  than ``overlap_stop`` (a genuinely new answer broke the loop), (ii) c_t ≥ ``confidence_ceiling``
-  and a_t is not shielded, or (iii) the round retrieved a share of new documents below
-  ``min_new_info`` (searching no longer brings information); and always at ``max_rounds``.
+* (5) answer memory   M_t = [(a_1, c_1), …, (a_{t-1}, c_{t-1})], c = exp(mean token log-prob).
+* (6) overlap         O(a, b) = |W(a) ∩ W(b)| / |W(a) ∪ W(b)|, W = set of normalised, stemmed words.
+* (7) difference      D(a, b) = 1 − O(a, b).
+* (8) validity        a_t is *valid* (new) iff D(a_t, a_{t-k}) ≥ δ_k for every lag k = 1..3 whose
+  round gave an answer. The thresholds are asymmetric: repeating the last round is judged most
+  strictly (δ1 ≥ δ2 ≥ δ3). An answer that fails is *redundant* with the round it failed against.
+* (9) repeat count    n(a) counts the rounds whose answer was a (the same words) or redundant with it.
+* (10) shielded set   S = {a : n(a) ≥ K}: an answer repeated K times is blocked (a reasoning loop).
+* (11) candidate set  C = answers in the memory that are not in S, each with its best confidence
+  (and the surface form that had it).
+* (12) replacement    a valid, unshielded a_t is accepted as the current answer, even when it is less
+  confident than earlier ones (it carries what the latest search found). A redundant (or shielded)
+  a_t is replaced by argmax_{a ∈ C} c(a); its own answer, if still in C, is kept unless another
+  candidate beats it by more than ``margin`` (0 by default, i.e. the paper's "higher confidence").
+  If every candidate is shielded, the most confident answer is kept and ``all_blocked`` is set.
+* (13) termination    stop after round t when (i) a_t is valid and its *mean* overlap with the last
+  up-to-3 answered rounds (the δ1..δ3 lags) is below ``overlap_stop``: a genuinely new answer broke
+  the loop; (ii) c_t ≥ ``confidence_ceiling`` and a_t is not shielded; (iii) the round retrieved a
+  share of new documents below ``min_new_info`` (searching no longer brings information); and
+  always at ``max_rounds``.
+
+Choices of ours, not the paper's: W truncates words to 5 characters (so "Russia"/"Russian" match);
+the mean in (13i) runs over the same three lags as (8); criterion (i) requires a_t to be valid (a
+low mean can hide a high overlap with the last round); "confidence plateaus" is read as a ceiling
+(13ii); "information changes little" as the share of newly retrieved documents (13iii); ``margin``
+exists as a knob (0 reproduces the paper's rule).
 
 The controller is a pure function of the rounds, so :func:`replay` re-scores cached rounds with
 other thresholds without regenerating (notebook 05).
@@ -27,26 +43,35 @@ other thresholds without regenerating (notebook 05).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Literal, Sequence
 
 from kunlunlab.eval.metrics import normalize_answer
+
+Difference = Literal["complement", "added_share"]
+LAGS = 3  # eq. (8): δ1..δ3; eq. (13i) averages over the same lags
 
 
 @dataclass
 class STIEConfig:
-    delta1: float = 0.6   # minimum difference against the previous round
+    delta1: float = 0.6   # minimum difference against the previous round, eq. (8)
     delta2: float = 0.5   # … against two rounds back
     delta3: float = 0.4   # … against three rounds back
-    repeat_k: int = 3     # K: rounds of one answer before it is shielded
-    margin: float = 0.05  # confidence margin for replacement
-    overlap_stop: float = 0.2
-    confidence_ceiling: float = 0.9
-    min_new_info: float = 0.1
-    max_rounds: int = 3
+    repeat_k: int = 3     # K: rounds of one answer before it is shielded, eq. (10)
+    margin: float = 0.0   # confidence a rival needs over a redundant answer's own, eq. (12)
+    overlap_stop: float = 0.2  # eq. (13i): mean overlap with recent rounds below this ends the loop
+    confidence_ceiling: float = 0.9  # eq. (13ii)
+    min_new_info: float = 0.1  # eq. (13iii): share of new documents in the round
+    # K + 2: after the K-th repeat is shielded, the model gets the blocked-answer feedback for two more
+    # rounds (one may still echo the loop, as in the paper's Russia/France example of five rounds).
+    # With max_rounds <= K blocking could never change an answer.
+    max_rounds: int = 5
+    difference: Difference = "complement"  # eq. (7); "added_share" is the earlier variant, see difference()
 
     def __post_init__(self):
         if self.repeat_k < 1 or self.max_rounds < 1:
             raise ValueError("repeat_k and max_rounds must be at least 1")
+        if self.difference not in ("complement", "added_share"):
+            raise ValueError(f"unknown difference measure {self.difference!r}")
 
     @property
     def deltas(self) -> tuple[float, float, float]:
@@ -66,11 +91,13 @@ class RoundInput:
 class STIEDecision:
     round: int
     accepted: str | None
-    redundant_with: int | None  # index of the earlier round it repeats, if any
-    shielded: list[str]
+    redundant_with: int | None  # index of the earlier round it repeats, if any (eq. 8)
+    shielded: list[str]         # surface forms of every shielded answer (eq. 10)
     stop: bool
     reason: str | None  # "new_answer", "confident", "no_new_info", "max_rounds"
     all_blocked: bool = False
+    replaced: bool = False      # eq. (12) put another candidate in place of a_t
+    mean_overlap: float | None = None  # eq. (13i), over the answered rounds among the last 3
 
 
 STEM_CHARS = 5
@@ -83,14 +110,125 @@ def words(answer: str | None) -> frozenset[str]:
 
 
 def overlap(a: frozenset, b: frozenset) -> float:
-    """Eq. (6): Jaccard overlap of two bags of words (two empty answers overlap fully)."""
+    """Eq. (6): Jaccard overlap of two sets of words (two empty answers overlap fully)."""
     union = a | b
     return len(a & b) / len(union) if union else 1.0
 
 
-def difference(a: frozenset, b: frozenset) -> float:
-    """Eq. (7): the share of a's words that b lacks (an empty answer adds nothing)."""
-    return len(a - b) / len(a) if a else 0.0
+def difference(a: frozenset, b: frozenset, kind: Difference = "complement") -> float:
+    """Eq. (7): D(a, b) = 1 − O(a, b), symmetric.
+
+    ``kind="added_share"`` is the measure this project used before (|W(a) \\ W(b)| / |W(a)|, the share
+    of a's words that b lacks). It is kept only to reproduce earlier tuning runs and to compare: it
+    calls an answer that merely drops words from an earlier one ("Russia" after "Russian Federation")
+    a full repeat (0), where the paper's complement gives 0.5."""
+    if kind == "added_share":
+        return len(a - b) / len(a) if a else 0.0
+    return 1.0 - overlap(a, b)
+
+
+@dataclass
+class _Answer:
+    """One distinct answer of the memory (a cluster of rounds redundant with each other)."""
+
+    words: frozenset
+    surfaces: list[str]
+    count: int = 0                         # n(a), eq. (9)
+    best_conf: float = float("-inf")
+    best_surface: str = ""
+
+
+class _State:
+    def __init__(self):
+        self.memory: list[tuple[frozenset, str | None, float]] = []  # eq. (5)
+        self.answer_of: list[int | None] = []  # round -> index into answers (None: no answer)
+        self.answers: list[_Answer] = []  # in order of first appearance (ties go to the earlier)
+        self.seen_docs: set[str] = set()
+        self.accepted_idx: int | None = None
+
+    @property
+    def accepted(self) -> str | None:
+        return self.answers[self.accepted_idx].best_surface if self.accepted_idx is not None else None
+
+    def shielded(self, k: int) -> set[int]:
+        return {i for i, a in enumerate(self.answers) if a.count >= k}  # eq. (10)
+
+    def _redundant_with(self, w: frozenset, cfg: STIEConfig) -> int | None:
+        """Eq. (8): the first lag k = 1..3 whose answer a_t does not differ from by δ_k."""
+        t = len(self.memory)
+        for lag, delta in enumerate(cfg.deltas, start=1):
+            j = t - lag
+            if j < 0:
+                break
+            if not self.memory[j][0]:  # that round gave no answer: nothing to repeat
+                continue
+            if difference(w, self.memory[j][0], cfg.difference) < delta:
+                return j
+        return None
+
+    def _mean_recent_overlap(self, w: frozenset) -> float | None:
+        """Eq. (13i): mean O(a_t, a_{t-k}) over the answered rounds among the last three."""
+        recent = [m[0] for m in self.memory[-LAGS:] if m[0]]
+        return sum(overlap(w, m) for m in recent) / len(recent) if recent else None
+
+    def step(self, r: RoundInput, cfg: STIEConfig) -> STIEDecision:
+        t = len(self.memory)
+        w = words(r.answer)
+        redundant_with = self._redundant_with(w, cfg) if w else None
+        mean_overlap = self._mean_recent_overlap(w) if w else None
+
+        # Eq. (9): a redundant round counts for the answer it repeats; a valid one for the identical
+        # answer further back if there is one (the same words), otherwise it opens a new answer.
+        idx = None
+        if w:
+            if redundant_with is not None:
+                idx = self.answer_of[redundant_with]
+            else:
+                idx = next((i for i, a in enumerate(self.answers) if a.words == w), None)
+            if idx is None:
+                idx = len(self.answers)
+                self.answers.append(_Answer(w, []))
+            a = self.answers[idx]
+            a.count += 1
+            if r.answer not in a.surfaces:
+                a.surfaces.append(r.answer)
+            if r.confidence > a.best_conf:  # ties keep the earlier surface form
+                a.best_conf, a.best_surface = r.confidence, r.answer
+        self.memory.append((w, r.answer, r.confidence))
+        self.answer_of.append(idx)
+
+        shielded = self.shielded(cfg.repeat_k)
+        valid = idx is not None and redundant_with is None and idx not in shielded  # eq. (8), and not in S
+        all_blocked = replaced = False
+        if valid:  # eq. (12): a new answer is accepted (in its most confident surface form)
+            self.accepted_idx = idx
+        elif idx is not None:  # eqs. (11)-(12): a redundant or shielded answer is replaced
+            candidates = [i for i in range(len(self.answers)) if i not in shielded]  # eq. (11)
+            if not candidates:  # everything is blocked: keep the most confident answer
+                candidates, all_blocked = list(range(len(self.answers))), True
+            best = max(candidates, key=lambda i: (self.answers[i].best_conf, -i))  # ties: the earlier
+            if idx in candidates and self.answers[best].best_conf <= self.answers[idx].best_conf + cfg.margin:
+                best = idx
+            self.accepted_idx = best
+            replaced = best != idx or self.answers[idx].best_surface != r.answer
+        # a round without an answer leaves the accepted answer as it was
+
+        # Eq. (13): termination.
+        new_docs = set(r.doc_ids) - self.seen_docs
+        self.seen_docs |= set(r.doc_ids)
+        new_share = len(new_docs) / len(set(r.doc_ids)) if r.doc_ids else 0.0
+        reason = None
+        if valid and mean_overlap is not None and mean_overlap < cfg.overlap_stop:
+            reason = "new_answer"
+        elif idx is not None and r.confidence >= cfg.confidence_ceiling and idx not in shielded:
+            reason = "confident"
+        elif t >= 1 and new_share < cfg.min_new_info:
+            reason = "no_new_info"
+        elif t + 1 >= cfg.max_rounds:
+            reason = "max_rounds"
+        blocked = sorted(s for i in shielded for s in self.answers[i].surfaces)
+        return STIEDecision(t, self.accepted, redundant_with, blocked, reason is not None, reason,
+                            all_blocked, replaced, mean_overlap)
 
 
 @dataclass
@@ -117,79 +255,6 @@ class STIEController:
     def final_answer(self, sample: int) -> str | None:
         state = self._state.get(sample)
         return state.accepted if state else None
-
-
-class _State:
-    def __init__(self):
-        self.memory: list[tuple[frozenset, str | None, float]] = []  # eq. (5)
-        self.cluster_of: list[int] = []  # round -> representative round of its answer cluster
-        self.count: dict[int, int] = {}  # representative -> repeat count, eq. (9)
-        self.best_conf: dict[int, float] = {}
-        self.best_round: dict[int, int] = {}  # representative -> its most confident surface form
-        self.seen_docs: set[str] = set()
-        self.accepted_rep: int | None = None
-
-    @property
-    def accepted(self) -> str | None:
-        return self.memory[self.best_round[self.accepted_rep]][1] if self.accepted_rep is not None else None
-
-    def shielded(self, k: int) -> set[int]:
-        return {rep for rep, n in self.count.items() if n >= k}  # eq. (10)
-
-    def step(self, r: RoundInput, cfg: STIEConfig) -> STIEDecision:
-        t = len(self.memory)
-        w = words(r.answer)
-        redundant_with = None
-        for lag, delta in enumerate(cfg.deltas, start=1):  # eq. (8): last 1-3 rounds, asymmetric thresholds
-            j = t - lag
-            if j < 0 or not w:  # a round without an answer repeats nothing
-                break
-            if not self.memory[j][0]:
-                continue
-            if difference(w, self.memory[j][0]) < delta:
-                redundant_with = j
-                break
-        rep = self.cluster_of[redundant_with] if redundant_with is not None else t
-        self.memory.append((w, r.answer, r.confidence))
-        self.cluster_of.append(rep)
-        self.count[rep] = self.count.get(rep, 0) + 1
-        if r.answer is not None and r.confidence > self.best_conf.get(rep, float("-inf")):
-            self.best_conf[rep], self.best_round[rep] = r.confidence, t
-        self.best_conf.setdefault(rep, float("-inf"))
-        self.best_round.setdefault(rep, rep)
-
-        # Eqs. (11)-(12): candidates outside the shielded set; replace on a clear confidence gain.
-        shielded = self.shielded(cfg.repeat_k)
-        answered = {c: self.best_conf[c] for c in self.count if self.best_conf[c] > float("-inf")}
-        candidates = {c: v for c, v in answered.items() if c not in shielded}
-        all_blocked = False
-        if not candidates:
-            pool = answered
-            all_blocked = bool(pool)
-            candidates = pool
-        if candidates:
-            best = max(candidates, key=lambda c: (candidates[c], -c))  # ties: the earlier answer
-            incumbent = self.accepted_rep
-            if incumbent is None or incumbent not in candidates:
-                self.accepted_rep = best
-            elif best != incumbent and candidates[best] > candidates[incumbent] + cfg.margin:
-                self.accepted_rep = best
-
-        # Eq. (13): three-way termination.
-        new_docs = set(r.doc_ids) - self.seen_docs
-        self.seen_docs |= set(r.doc_ids)
-        reason = None
-        if t >= 1 and r.answer is not None and all(overlap(w, m[0]) < cfg.overlap_stop for m in self.memory[:-1]):
-            reason = "new_answer"
-        elif r.answer is not None and r.confidence >= cfg.confidence_ceiling and rep not in shielded:
-            reason = "confident"
-        elif t >= 1 and (len(new_docs) / len(set(r.doc_ids)) if r.doc_ids else 0.0) < cfg.min_new_info:
-            reason = "no_new_info"
-        elif t + 1 >= cfg.max_rounds:
-            reason = "max_rounds"
-        return STIEDecision(t, self.accepted, redundant_with,
-                            sorted({self.memory[c][1] or "" for c in shielded}), reason is not None, reason,
-                            all_blocked)
 
 
 def feedback_text(decision: STIEDecision, state: _State) -> str:

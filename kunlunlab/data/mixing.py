@@ -1,4 +1,4 @@
-"""Progressive noisy / high-quality data mixing (paper §3.5, eqs. 14-16).
+"""Progressive noisy / high-quality data mixing (paper §2.3, eqs. 14-16).
 
 Trajectories are written in the search-think protocol, turn by turn, with the *real* retriever's
 results in every ``<result>`` block (formatted by the same function the rollout engine uses), so
@@ -14,6 +14,15 @@ supervised fine-tuning sees exactly what inference will append.
   embedded 135M model it measured worse (held-out EM 7.5 vs 10.0, format 62.5 % vs 87.5 %).
 * **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
   chain only, a cheap way to practise decomposing a question into its first search.
+* **The whole agent** (``rdra_background``, ``plan_samples``, ``stie_feedback_share``): trajectories are
+  written as the ``kunlun`` method will run them. The prompt carries RDRA's ``<background>`` block (§2.1,
+  eqs. 1-4: a teacher plan naming the first stage's sub-questions, then the joint context D_1 ∪ D_2 of
+  real retrieval, composed by the same :func:`~kunlunlab.agent.rdra.joint_context` /
+  :func:`~kunlunlab.agent.rdra.background_text` as inference); plan samples teach eq. 2's planning turn
+  itself (the planning prompt with D_1, then the plan and EOS); and a share of trajectories continue after
+  their answer with STIE's feedback block (§2.2, the exact text the controller appends, masked out of the
+  loss like a result block), a verification search and the answer again. Half of those (``stie_wrong_first``)
+  first give a wrong answer (masked) that the verification corrects.
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
   ratio): *distractor* results (the gold passage is withheld; the model notices and searches the
   entity's page), a *wrong hop* (a wrong intermediate answer is pursued, then corrected; the wrong
@@ -55,12 +64,19 @@ class MixingConfig:
     top_k: int = 2                   # passages per query in result blocks (match the rollout config)
     max_result_chars: int = 300
     quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
+    rdra_background: bool = False    # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
+    plan_samples: int = 0            # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2)
+    stie_feedback_share: float = 0.0  # trajectories that continue after the answer with STIE feedback (§2.2)
+    stie_wrong_first: float = 0.5    # ... of which the first answer is wrong (masked) and corrected after feedback
     seed: int = 0
 
     def __post_init__(self):
         if self.epochs < 1 or self.turning_epoch < 0 or self.samples_per_epoch < 1 or self.first_turn_samples < 0:
             raise ValueError(f"invalid mixing sizes: {self}")
-        for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share"):
+        if self.plan_samples < 0:
+            raise ValueError(f"plan_samples must be >= 0, got {self.plan_samples}")
+        for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share", "stie_feedback_share",
+                     "stie_wrong_first"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.hq_shape <= 0:
@@ -111,14 +127,19 @@ class TrajectoryExample:
     qtype: str | None = None
     epoch: int = 0
     partial: bool = False            # only the first turn (a decomposition sample), not a whole trajectory
+    kind: str = "trajectory"         # "trajectory" | "plan" (an RDRA planning sample, eq. 2)
+    prompt_messages: list[dict] | None = None  # a prompt other than the search-think one (plan samples)
+    prefix: str = "<think>"          # how the assistant's reply starts (part of the prompt tokens)
+    end_with_eos: bool = False       # the reply ends with the tokenizer's EOS (plans end there; turns end at tags)
+    stie_rounds: int = 0             # STIE feedback rounds in this trajectory
 
     @property
     def searches(self) -> int:
-        return sum(1 for s in self.segments if s["role"] == "env")
+        return sum(1 for s in self.segments if s["role"] == "env" and not s.get("feedback"))
 
     @property
     def text(self) -> str:
-        return "<think>" + "".join(s["text"] for s in self.segments)
+        return self.prefix + "".join(s["text"] for s in self.segments)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -153,14 +174,25 @@ def evidence_sentence(result_text: str, answer: str) -> str | None:
     return None
 
 
+@dataclass
+class _Round:
+    """What the STIE controller reads of an answer round (the rollout engine passes an ``AnswerRound``)."""
+
+    answer: str | None
+    confidence: float
+    doc_ids: list[str]
+
+
 class TrajectoryBuilder:
     """Writes trajectories with real retrieval; ``passages_by_id`` lets it insert a gold passage the
     retriever missed and draw irrelevant ones for noise."""
 
-    def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig):
+    def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig, rdra=None):
+        from kunlunlab.agent.rdra import RDRAConfig
         from kunlunlab.agent.rollout import result_block
 
         self.search, self.cfg = search, cfg
+        self.rdra = rdra or RDRAConfig()
         self.passages = list(passages)
         self.by_id = {p.id: p for p in self.passages}
         self.by_title: dict[str, Passage] = {}
@@ -186,6 +218,83 @@ class TrajectoryBuilder:
     def _env(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> dict:
         hits = self._hits(queries, golds, withhold)
         return {"role": "env", "text": self._block(hits, queries, self.cfg.max_result_chars), "train": False}
+
+    # -- the whole agent: RDRA background and plans (§2.1), STIE feedback rounds (§2.2)
+    def teacher_plan(self, ex: QAExample) -> str:
+        """The plan a good planner writes before searching: the sub-questions of the first stage (later
+        hops depend on answers not yet known), or the supporting pages of a HotpotQA question."""
+        if ex.chain:
+            return "\n".join(ex.chain[i].question for i in self._stages(ex)[0])
+        titles = [t for t in ex.supporting_titles if t in self.by_title][:2]
+        return "\n".join(f"About {t}" for t in titles) or ex.question
+
+    def rdra_background(self, question: str, plan: str, irrelevant: int = 0,
+                        rng: random.Random | None = None) -> str:
+        """Eqs. 1, 3, 4 with real retrieval: D_1 for the question, D_2 for the plan's queries, joined as
+        inference joins them; ``irrelevant`` passages replace the last ones (the background noise kind)."""
+        from kunlunlab.agent.rdra import background_text, joint_context, plan_queries
+
+        first = self.search([question], self.rdra.background_k)[0]
+        queries = plan_queries(plan, question, self.rdra.max_plan_queries, self.rdra.query_whole_plan)
+        second = [h for hits in self.search(queries, self.rdra.plan_k) for h in hits]
+        docs = joint_context(first, second, self.rdra)
+        if irrelevant:
+            from kunlunlab.retrieval.retriever import Hit
+
+            picks = (rng or random.Random(0)).sample(self.passages, irrelevant)
+            docs = docs[:max(0, len(docs) - irrelevant)] + [Hit(p.id, p.contents, 0.0, p.title) for p in picks]
+        return background_text(plan, docs, self.rdra)
+
+    def plan_sample(self, ex: QAExample, source: str = "world") -> TrajectoryExample:
+        """Eq. 2's planning turn as an SFT sample: the planning prompt with D_1, then the plan and EOS."""
+        from kunlunlab.agent.rdra import plan_prompt_messages
+
+        first = self.search([ex.question], self.rdra.background_k)[0]
+        plan = self.teacher_plan(ex)
+        return TrajectoryExample(ex.question, list(ex.answers), [{"role": "model", "text": plan, "train": True}],
+                                 source=source, hops=len(ex.chain), qtype=ex.type, kind="plan",
+                                 prompt_messages=plan_prompt_messages(ex.question, first, self.rdra), prefix="",
+                                 end_with_eos=True)
+
+    def add_stie_round(self, t: TrajectoryExample, ex: QAExample, wrong_first: bool,
+                       rng: random.Random) -> TrajectoryExample:
+        """Continues a finished trajectory as STIE makes the agent continue: the feedback block the controller
+        appends after an answer round (environment tokens), a verification search for the last hop with the
+        answer in the query (a different query, so repeat blocking lets it through), its result, and the
+        answer again. With ``wrong_first`` the answer before the feedback is a wrong one (kept out of the
+        loss) and the verified answer corrects it."""
+        from kunlunlab.agent.protocol import RESULT_TEMPLATE
+        from kunlunlab.agent.stie import STIEConfig, STIEController
+
+        answer = ex.answers[0]
+        first = self._wrong_answer(answer, rng) if wrong_first else answer
+        if wrong_first:
+            t.segments[-1] = {"role": "model", "train": False,
+                              "text": _answer_turn(t.segments[-1]["text"].split("</think>")[0], first)}
+        # The controller's own feedback for this round (termination switched off so it always continues).
+        controller = STIEController(STIEConfig(confidence_ceiling=2.0, max_rounds=10))
+        _, feedback = controller.observe(0, _Round(first, 0.5, []))
+        t.segments.append({"role": "env", "text": RESULT_TEMPLATE.format(results=feedback), "train": False,
+                           "feedback": True})
+        if ex.chain:
+            last = ex.chain[-1]
+            query, gold, fact_q = f"{last.question} {answer}", last.passage_id, last.question
+        else:
+            title = next((x for x in reversed(ex.supporting_titles) if x in self.by_title), None)
+            query = f"{title or ex.question} {answer}"
+            gold, fact_q = (self.by_title[title].id if title else None), ex.question
+        lead = f"<think>I will verify {first}." if not wrong_first else f"<think>I will check {first} again."
+        t.segments.append({"role": "model", "text": _search_turn(lead, [query]), "train": True})
+        t.segments.append(self._env([query], [gold]))
+        verdict = f"{fact_q} {answer}." if ex.chain else f"The result confirms {answer}."
+        if wrong_first:
+            verdict += f" Not {first}."
+        t.segments.append({"role": "model", "text": _answer_turn("<think>" + verdict, answer), "train": True})
+        t.stie_rounds += 1
+        if wrong_first and "stie_correction" not in t.noise:
+            t.noise.append("stie_correction")
+            t.quality = "noisy"
+        return t
 
     # -- plans
     @staticmethod
@@ -248,9 +357,13 @@ class TrajectoryBuilder:
             facts += f" So the answer is {ex.answers[0]}."
         model(_answer_turn("<think>" + facts.strip(), ex.answers[0]))
         background = None
-        if kinds and "background" in kinds and rng.random() < rho:
-            background = "\n".join(p.contents for p in rng.sample(self.passages, 2))
+        noisy_background = bool(kinds and "background" in kinds and rng.random() < rho)
+        if noisy_background:
             noise.append("background")
+        if self.cfg.rdra_background:
+            background = self.rdra_background(ex.question, self.teacher_plan(ex), 2 if noisy_background else 0, rng)
+        elif noisy_background:
+            background = "\n".join(p.contents for p in rng.sample(self.passages, 2))
         return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
                                  "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
 
@@ -284,7 +397,9 @@ class TrajectoryBuilder:
         said = f' "{quote}"' if quote else ""
         segs.append({"role": "model", "train": True, "text": _answer_turn(
             f"<think>From {' and '.join(titles)}:{said} the answer is {ex.answers[0]}.", ex.answers[0])})
-        return TrajectoryExample(ex.question, list(ex.answers), segs, None, "hotpotqa", "hq", [], len(titles), ex.type)
+        background = self.rdra_background(ex.question, self.teacher_plan(ex)) if self.cfg.rdra_background else None
+        return TrajectoryExample(ex.question, list(ex.answers), segs, background, "hotpotqa", "hq", [], len(titles),
+                                 ex.type)
 
 
 def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: MixingConfig,
@@ -309,6 +424,8 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
                         break
             else:
                 t = builder.world(ex)
+            if cfg.stie_feedback_share and rng.random() < cfg.stie_feedback_share:
+                builder.add_stie_round(t, ex, rng.random() < cfg.stie_wrong_first, rng)
             t.epoch = row["epoch"]
             epoch.append(t)
         for ex in rng.sample(list(hotpot_questions), min(n_hot, len(hotpot_questions))) if n_hot else []:
@@ -320,6 +437,10 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
             t = builder.world(ex)
             t.segments, t.partial, t.epoch = t.segments[:1], True, row["epoch"]
             epoch.append(t)
+        for ex in rng.sample(list(world_questions), min(cfg.plan_samples, len(world_questions))):
+            t = builder.plan_sample(ex)
+            t.epoch = row["epoch"]
+            epoch.append(t)
         rng.shuffle(epoch)
         out.extend(epoch)
     return out
@@ -330,7 +451,7 @@ def data_stats(trajectories: Sequence[TrajectoryExample], tokenizer=None) -> lis
     rows = []
     for t in trajectories:
         row = {"epoch": t.epoch, "quality": t.quality, "source": t.source, "type": t.qtype, "hops": t.hops,
-               "partial": t.partial,
+               "partial": t.partial, "kind": t.kind, "stie_rounds": t.stie_rounds,
                "searches": t.searches, "chars": len(t.text), "noise": "+".join(t.noise) or "none"}
         if tokenizer is not None:
             row["tokens"] = len(tokenizer(t.text, add_special_tokens=False)["input_ids"])
@@ -346,13 +467,16 @@ def tokenize_trajectory(tokenizer, t: TrajectoryExample, system_prompt: str | No
     from kunlunlab.agent.backends import chat_prompt_ids, text_ids
     from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 
-    prompt = chat_prompt_ids(tokenizer, build_messages(t.question, t.background, system_prompt or SYSTEM_PROMPT),
-                             assistant_prefix)
+    messages = t.prompt_messages or build_messages(t.question, t.background, system_prompt or SYSTEM_PROMPT)
+    prompt = chat_prompt_ids(tokenizer, messages, t.prefix if t.prompt_messages else assistant_prefix)
     ids, mask = list(prompt), [0] * len(prompt)
     for seg in t.segments:
         seg_ids = text_ids(tokenizer, seg["text"])
         ids.extend(seg_ids)
         mask.extend([1 if seg["role"] == "model" and seg["train"] else 0] * len(seg_ids))
+    if t.end_with_eos:
+        ids.append(tokenizer.eos_token_id)
+        mask.append(1)
     return {"input_ids": ids, "completion_mask": mask}
 
 

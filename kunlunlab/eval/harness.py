@@ -5,18 +5,72 @@ Datasets: ``world`` (synthetic multi-hop questions over the synthetic world), a 
 any supported layout. The corpus defaults to the dataset's natural closed corpus: the world, the
 HotpotQA distractor contexts, the 2Wiki paragraphs; for sets that ship no evidence (HotpotQA,
 MuSiQue, Bamboogle in the Search-R1 layout) the union of the 2Wiki paragraphs and the HotpotQA
-distractor contexts, an open-corpus setting that does not cover every question.
+distractor contexts, an open-corpus setting that does not cover every question. An explicit
+``corpus`` always wins.
+
+The LLM judge (LJ)
+------------------
+LJ is only meaningful when the judge is not the model under test, so by default there is no
+judge: every record's ``lj`` and the summary's ``lj`` are ``None`` and the summary says
+``"judge": null``. Configure one of
+
+* a served model: any OpenAI-compatible ``/v1/completions`` server that takes token-id prompts
+  (vLLM, SGLang, ``kunlunlab serve-llm``). ``judge`` is the served model name and must also be a hub
+  id or local path whose tokenizer loads here (the prompt is built with it)::
+
+      vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002
+      kunlunlab eval --dataset bamboogle --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct
+
+  A GPT-class open model served the same way works alike; OpenAI's hosted chat API does not (it
+  takes neither token-id prompts nor this tokenizer).
+* a local model: ``judge`` = hub id (already in the Hugging Face cache) or checkpoint path, loaded
+  with :class:`~kunlunlab.agent.backends.TransformersBackend`.
+* ``judge="same"``: explicit opt-in to let the answering model grade itself. The summary marks it
+  ``"self_judged": true``; such numbers are not comparable with an external judge's. Naming the
+  answering model itself as the judge is marked the same way.
+
+Answer sources
+--------------
+The rollout methods (``search_o1``, ``agent``, ``kunlun``) mark each answer with
+``trajectory["answer_source"]``: ``"answer_tag"`` when the model closed with an answer tag,
+``"fallback"`` when the answer was extracted from free text. The single-shot baselines never emit
+answer tags; their answers come from the same free-text extraction, so they count as
+``"fallback"``. The summary splits EM by source (``em_tagged``, ``em_fallback``) so that a gain that
+comes from following the protocol shows as such.
+
+Trained checkpoints
+-------------------
+A checkpoint folder from the training pipeline carries ``kunlunlab_agent.json`` with the agent
+settings it was trained under (method, top-k, token budgets, STIE rounds, RDRA/STIE switches).
+:func:`with_checkpoint_settings` and :meth:`EvalConfig.for_checkpoint` apply them wherever the caller
+did not set a value explicitly: explicit value > checkpoint settings > ``EvalConfig`` default.
 """
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Collection
 
+from kunlunlab.agent.methods import METHODS
+from kunlunlab.agent.rdra import RDRAConfig
+from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.eval.metrics import cover_em, exact_match, f1, retrieval_recall
+
+SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
+TAGGED, FALLBACK = "answer_tag", "fallback"
+AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
+AGENT_SETTING_TYPES: dict[str, type] = {
+    "method": str, "top_k": int, "max_result_chars": int, "max_turn_tokens": int, "max_total_tokens": int,
+    "max_searches": int, "stie_rounds": int, "use_rdra": bool, "use_stie": bool, "rdra": dict}
+
+
+def _default_stie_rounds() -> int:
+    """STIE's own default round budget, read from the dataclass so the two never drift apart."""
+    return STIEConfig().max_rounds
 
 
 @dataclass
@@ -26,7 +80,8 @@ class EvalConfig:
     limit: int | None = 20
     model: str | None = None        # LLM: None = embedded SmolLM2; hub id or local path
     llm_url: str | None = None      # OpenAI-compatible server instead of a local model
-    judge: str | None = "same"      # "same" (the answering model), None/"none" (skip LJ), or a model name
+    judge: str | None = None        # None: no LJ; a model (hub id / path, or served name with judge_url); "same"
+    judge_url: str | None = None    # OpenAI-compatible server that serves the judge model
     corpus: str | None = None       # None: the dataset's default corpus (see module docstring)
     index_kind: str = "flat"
     embedder: str | None = None
@@ -38,16 +93,77 @@ class EvalConfig:
     max_total_tokens: int = 768
     max_turn_tokens: int = 256
     max_result_chars: int = 600
-    stie_rounds: int = 2
+    use_rdra: bool = True           # kunlun only: the RDRA background step (off: an ablation)
+    use_stie: bool = True           # kunlun only: STIE over answer rounds (off: an ablation)
+    rdra: RDRAConfig = field(default_factory=RDRAConfig)  # kunlun only: RDRA's retrieval and planning sizes
+    stie_rounds: int = field(default_factory=_default_stie_rounds)
     stie_collect: bool = False      # generate every STIE round (no early stop), to tune STIE on cached rounds
     network_url: str | None = None  # retrieval service for NLR's network tier
     router: str | None = None       # a trained NLR policy (RoutingPolicy.save); without one: "both"
 
     def __post_init__(self):
+        if self.judge is not None and self.judge.strip().lower() in ("", "none"):
+            self.judge = None  # "none" is the CLI / notebook spelling of "no judge"
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {sorted(METHODS)}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit must be positive, got {self.limit}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.stie_rounds < 1:
+            raise ValueError(f"stie_rounds must be at least 1, got {self.stie_rounds}")
+        if self.judge_url and self.judge in (None, SELF_JUDGE):
+            raise ValueError("judge_url needs judge: the served judge model's name (a hub id or path whose "
+                             "tokenizer loads here)")
+
+    @classmethod
+    def for_checkpoint(cls, model: str, **overrides) -> "EvalConfig":
+        """A config for a trained checkpoint: its ``kunlunlab_agent.json`` settings, then ``overrides``."""
+        return with_checkpoint_settings(cls(model=model, **overrides), explicit=set(overrides))
+
+
+class AgentSettingsError(ValueError):
+    """A checkpoint's ``kunlunlab_agent.json`` is unreadable or holds unexpected keys or types."""
+
+
+def load_agent_settings(model: str | Path | None) -> dict:
+    """The agent settings a trained checkpoint was saved with; ``{}`` for hub ids and plain folders.
+
+    Only ``AGENT_SETTING_TYPES`` keys are accepted, each with its type: an unknown key is an error
+    rather than something dropped, so a setting the evaluation cannot apply never goes unnoticed.
+    """
+    if model is None or not Path(model).is_dir():
+        return {}
+    path = Path(model) / AGENT_SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise AgentSettingsError(f"{path}: invalid JSON: {err.msg} (line {err.lineno})") from err
+    except UnicodeDecodeError as err:
+        raise AgentSettingsError(f"{path}: not UTF-8 text: {err}") from err
+    if not isinstance(settings, dict):
+        raise AgentSettingsError(f"{path}: expected a JSON object, got {type(settings).__name__}")
+    unknown = sorted(set(settings) - set(AGENT_SETTING_TYPES))
+    if unknown:
+        raise AgentSettingsError(f"{path}: unknown keys {unknown}; expected keys among {sorted(AGENT_SETTING_TYPES)}")
+    for key, value in settings.items():
+        kind = AGENT_SETTING_TYPES[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise AgentSettingsError(f"{path}: {key!r} must be {kind.__name__}, got {value!r}")
+    return settings
+
+
+def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = frozenset()) -> EvalConfig:
+    """``config`` with its model's checkpoint settings applied to every field not named in ``explicit``."""
+    settings = load_agent_settings(config.model)
+    if "rdra" in settings:  # RDRA's sizes as trained (background passages, plan queries, characters)
+        try:
+            settings["rdra"] = RDRAConfig(**settings["rdra"])
+        except (TypeError, ValueError) as err:
+            raise AgentSettingsError(f"{Path(config.model) / AGENT_SETTINGS_FILE}: bad 'rdra' settings: {err}") from err
+    return replace(config, **{k: v for k, v in settings.items() if k not in explicit})
 
 
 def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
@@ -84,19 +200,61 @@ def default_corpus(dataset: str) -> list[Passage]:
     return wiki + hotpot
 
 
+def resolve_corpus(config: EvalConfig, examples: list[QAExample],
+                   default: list[Passage] | None = None) -> list[Passage]:
+    """The passages to search: ``config.corpus`` if given, else ``default``, the questions' own
+    evidence, or :func:`default_corpus`."""
+    if config.corpus:
+        return load_corpus(config.corpus)
+    if default is not None:
+        return default
+    if any(ex.context for ex in examples):
+        return corpus_from_examples(examples)
+    return default_corpus(config.dataset)
+
+
+def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage]]:
+    """(questions, corpus) for a config; every data error surfaces here, before any model loads."""
+    examples, default = load_examples(config)
+    return examples, resolve_corpus(config, examples, default)
+
+
+def make_backend(config: EvalConfig):
+    """The answering model: a served one when ``llm_url`` is set, else a local one."""
+    from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
+
+    if config.llm_url:
+        return OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
+    return TransformersBackend(config.model)
+
+
+def make_judge_backend(config: EvalConfig, backend):
+    """The LJ judge for a config, or None when none is configured (see the module docstring).
+
+    ``judge="same"``, or naming the answering model itself, reuses ``backend`` instead of loading
+    the model twice; :func:`evaluate` then labels the verdicts self-judged.
+    """
+    from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
+
+    if config.judge is None:
+        return None
+    if config.judge_url:
+        return OpenAIBackend(config.judge_url, config.judge)
+    if config.judge == SELF_JUDGE or config.judge in (config.model, backend.name):
+        return backend
+    return TransformersBackend(config.judge)
+
+
 def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
     """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model."""
-    from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
     from kunlunlab.agent.methods import MethodConfig, make_method
     from kunlunlab.agent.rollout import RolloutConfig
-    from kunlunlab.agent.stie import STIEConfig
     from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 
     retriever = build_retriever(passages, IndexConfig(kind=config.index_kind, embedder=config.embedder))
     if backend is None:
-        backend = (OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
-                   if config.llm_url else TransformersBackend(config.model))
+        backend = make_backend(config)
     search = retriever.search
     if config.network_url:
         from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
@@ -110,45 +268,69 @@ def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
                                                        max_total_tokens=config.max_total_tokens,
                                                        max_turn_tokens=config.max_turn_tokens,
                                                        max_result_chars=config.max_result_chars),
+                                 rdra=config.rdra,
                                  stie=STIEConfig(max_rounds=config.stie_rounds,
-                                                 **(COLLECT_ALL_ROUNDS if config.stie_collect else {})))
+                                                 **(COLLECT_ALL_ROUNDS if config.stie_collect else {})),
+                                 use_rdra=config.use_rdra, use_stie=config.use_stie)
     return make_method(config.method, backend, search, method_config), retriever, backend
 
 
+def router_summary(search) -> dict | None:
+    """The NLR router's own statistics (decisions per action, latency, network errors), if it reports any."""
+    summary = getattr(search, "summary", None)
+    return summary() if callable(summary) else None
+
+
 def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, judge_backend=None,
-             examples: list[QAExample] | None = None, passages: list[Passage] | None = None) -> dict:
-    """Runs one method over one dataset; writes one JSON record per question to ``out``; returns the summary."""
+             examples: list[QAExample] | None = None, passages: list[Passage] | None = None,
+             progress: bool = True) -> dict:
+    """Runs one method over one dataset; writes one JSON record per question to ``out``; returns the summary.
+    ``progress`` shows a bar per batch (tqdm: a widget in Jupyter, a text line elsewhere).
+
+    ``backend`` / ``judge_backend`` reuse loaded models; ``examples`` / ``passages`` skip loading data.
+    """
     start = time.perf_counter()
     if examples is None:
         examples, default = load_examples(config)
-        passages = passages or default
-    if passages is None:
-        passages = load_corpus(config.corpus) if config.corpus else default_corpus(config.dataset)
+        passages = passages if passages is not None else resolve_corpus(config, examples, default)
+    elif passages is None:
+        passages = resolve_corpus(config, examples)
     method, retriever, backend = build_pipeline(config, passages, backend)
     titles = {p.id: p.title for p in retriever.passages}
     records = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(examples), desc=f"{config.method} · {config.dataset}", unit="q", disable=not progress,
+               leave=False)
     for b in range(0, len(examples), config.batch_size):
         batch = examples[b:b + config.batch_size]
         t0 = time.perf_counter()
         outputs = method.run([ex.question for ex in batch])
+        bar.update(len(batch))
         per_question = (time.perf_counter() - t0) / len(batch)
         for ex, o in zip(batch, outputs):
             records.append({
                 "id": ex.id, "question": ex.question, "golds": ex.answers, "prediction": o.prediction,
                 "em": exact_match(o.prediction, ex.answers), "f1": f1(o.prediction, ex.answers),
                 "acc": cover_em(o.prediction, ex.answers), "lj": None,
+                "answer_source": o.trajectory.get("answer_source", FALLBACK),
                 "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
                 "searches": o.searches, "seconds": per_question, "type": ex.type, "trajectory": o.trajectory})
-    judge_stats = None
-    if config.judge not in (None, "none"):
-        from kunlunlab.agent.backends import TransformersBackend
+    bar.close()
+    if judge_backend is None:
+        judge_backend = make_judge_backend(config, backend)
+    judge_info = None
+    if judge_backend is not None:
         from kunlunlab.eval.judge import LLMJudge
 
-        judge_backend = judge_backend or (backend if config.judge == "same" else TransformersBackend(config.judge))
         judge = LLMJudge(judge_backend)
         for r, v in zip(records, judge.judge([(r["question"], r["golds"], r["prediction"]) for r in records])):
             r["lj"] = v
-        judge_stats = judge.stats
+        self_judged = judge_backend is backend or judge_backend.name == backend.name
+        judge_info = {"model": judge_backend.name, "url": config.judge_url, "self_judged": self_judged,
+                      "stats": judge.stats}
+        if self_judged:
+            judge_info["note"] = "LJ graded by the answering model itself; not comparable with an external judge"
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -159,17 +341,41 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     recalls = [r["retrieval_recall"] for r in records if r["retrieval_recall"] is not None]
     summary.update(method=config.method, dataset=config.dataset, model=backend.name,
                    retrieval_recall=round(sum(recalls) / len(recalls), 4) if recalls else None,
-                   search_errors=len(method.search_errors), judge=judge_stats,
+                   search_errors=len(method.search_errors), judge=judge_info,
                    wall_seconds=round(time.perf_counter() - start, 1), config=asdict(config))
+    if config.network_url:
+        summary["router"] = router_summary(method.search)
     return summary
 
 
+def answer_source(record: dict) -> str:
+    """``"answer_tag"`` or ``"fallback"`` for one record (records written before the top-level field
+    existed carry it in the trajectory; single-shot baselines carry none and count as fallback)."""
+    source = record.get("answer_source")
+    if source is None and isinstance(record.get("trajectory"), dict):
+        source = record["trajectory"].get("answer_source")
+    source = source or FALLBACK
+    if source not in (TAGGED, FALLBACK):
+        raise ValueError(f"record {record.get('id')!r}: unknown answer_source {source!r}")
+    return source
+
+
 def summarize(records: list[dict]) -> dict:
+    """Means over records; EM also split by answer source (``em_tagged`` / ``em_fallback``).
+
+    A mean over no values is None, so ``lj`` is None when no judge ran and ``em_tagged`` is None
+    when no answer came from a tag.
+    """
     n = len(records)
 
-    def mean(key):
-        values = [r[key] for r in records if r[key] is not None]
+    def mean(key, subset=records):
+        values = [r[key] for r in subset if r[key] is not None]
         return round(sum(values) / len(values), 4) if values else None
 
+    tagged = [r for r in records if answer_source(r) == TAGGED]
+    fallback = [r for r in records if answer_source(r) == FALLBACK]
     return {"n": n, "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "lj": mean("lj"),
+            "em_tagged": mean("em", tagged), "em_fallback": mean("em", fallback),
+            "n_tagged": len(tagged), "n_fallback": len(fallback),
+            "tagged_share": round(len(tagged) / n, 4) if n else None,
             "searches_per_question": mean("searches"), "seconds_per_question": mean("seconds")}

@@ -8,8 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kunlunlab.agent.rdra import RDRAConfig
+from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.mixing import MixingConfig
 from kunlunlab.training.rewards import RewardConfig
+
+AGENT_METHODS = ("kunlun", "agent")
 
 
 @dataclass
@@ -42,8 +46,8 @@ class DAPOStageConfig:
     beta: float = 0.0                # no KL term (DAPO)
     temperature: float = 1.0
     top_p: float = 1.0
-    dynamic_sampling: bool = True    # groups with all-equal rewards are re-sampled, else kept out of the loss
-    max_resample: int = 1
+    dynamic_sampling: bool = True    # groups with all-equal accuracy are replaced by informative groups (refill)
+    max_resample: int = 1            # refill rounds per step
     max_turn_tokens: int = 96
     max_total_tokens: int = 768
     save_steps: int = 2
@@ -53,8 +57,27 @@ class DAPOStageConfig:
 
 
 @dataclass
+class AgentSpec:
+    """The agent that is trained and evaluated. ``kunlun``: RDRA background (§2.1) in every prompt of the
+    training data, the rollouts and the evaluation, and STIE (§2.2) over the answer rounds; ``agent``: the
+    search-think protocol alone (the ablation)."""
+
+    method: str = "kunlun"
+    rdra: RDRAConfig = field(default_factory=RDRAConfig)
+    stie: STIEConfig = field(default_factory=STIEConfig)
+
+    def __post_init__(self):
+        if self.method not in AGENT_METHODS:
+            raise ValueError(f"agent.method must be one of {AGENT_METHODS}, got {self.method!r}")
+
+    @property
+    def whole(self) -> bool:
+        return self.method == "kunlun"
+
+
+@dataclass
 class EvalSpec:
-    method: str = "agent"            # the inference pipeline measured before and after training
+    method: str = "kunlun"           # the inference pipeline measured before and after training
     world_questions: int = 40        # held-out synthetic questions (never in the training set)
     hotpot_questions: int = 20       # held-out HotpotQA distractor questions (0: skip)
     batch_size: int = 20
@@ -81,6 +104,7 @@ class TrainConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     deepspeed: str | None = None     # a DeepSpeed JSON config (multi-GPU); launched through accelerate
+    agent: AgentSpec = field(default_factory=AgentSpec)
     mixing: MixingConfig = field(default_factory=MixingConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTStageConfig = field(default_factory=SFTStageConfig)

@@ -3,9 +3,13 @@
     data (world gold chains + HotpotQA, mixed by the schedule) → evaluation before
     → stage 1 SFT (format cold start) → stage 2 DAPO → evaluation after → training_summary.json
 
-Evaluation runs the same inference pipeline (``kunlunlab.eval.harness.evaluate``, method ``eval.method``)
-on held-out synthetic questions that training never saw and on the held-out half of the HotpotQA
-distractor sample. Every stage is resumable: a finished stage leaves ``<stage>/final`` and a line in
+The agent is the whole method by default (``agent.method = "kunlun"``): the SFT data carries RDRA's
+background block, plan samples and STIE feedback rounds (``mixing``), the DAPO rollouts run RDRA and
+STIE, and the evaluation runs ``kunlun``; ``agent.method = "agent"`` trains the search-think protocol
+alone (the ablation). Evaluation runs the same inference pipeline (``kunlunlab.eval.harness.evaluate``,
+method ``eval.method``) on held-out synthetic questions that training never saw and on the held-out
+half of the HotpotQA distractor sample. Every finished model folder carries ``kunlunlab_agent.json``,
+the agent settings it was trained with, which ``kunlunlab eval --model <folder>`` applies. Every stage is resumable: a finished stage leaves ``<stage>/final`` and a line in
 ``state.json``; an interrupted one continues from its last Trainer checkpoint.
 """
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +32,8 @@ SMOKE_OVERRIDES = {
     "dapo.steps": 1, "dapo.prompts_per_step": 1, "dapo.num_generations": 2, "dapo.max_total_tokens": 160,
     "dapo.max_turn_tokens": 32, "dapo.max_resample": 0,
     "eval.world_questions": 2, "eval.hotpot_questions": 1, "eval.max_total_tokens": 160, "eval.max_turn_tokens": 32,
+    "agent.rdra.plan_tokens": 16, "agent.stie.max_rounds": 2, "mixing.plan_samples": 1,
+    "mixing.stie_feedback_share": 0.5,
 }
 
 
@@ -84,15 +90,29 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     model.eval()
     backend = TransformersBackend(model=model, tokenizer=tokenizer)
     backend.name = cfg.model or "smollm2-135m-instruct"
-    ec = EvalConfig(dataset=dataset, method=cfg.eval.method, limit=len(examples), judge=None,
-                    index_kind=cfg.index_kind, embedder=cfg.embedder, batch_size=cfg.eval.batch_size, top_k=cfg.top_k,
-                    max_total_tokens=cfg.eval.max_total_tokens, max_turn_tokens=cfg.eval.max_turn_tokens,
-                    max_result_chars=cfg.max_result_chars, seed=cfg.world_seed)
+    settings = {**agent_settings(cfg), "rdra": cfg.agent.rdra}
+    ec = EvalConfig(dataset=dataset, limit=len(examples), judge=None, index_kind=cfg.index_kind, embedder=cfg.embedder,
+                    batch_size=cfg.eval.batch_size, seed=cfg.world_seed, **settings)
     summary = evaluate(ec, out, backend=backend, examples=examples, passages=passages)
     records = [json.loads(line) for line in Path(out).read_text().splitlines()]
     return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
+            "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
+            "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
             "format_compliance": _format_compliance(records), "searches": summary["searches_per_question"],
             "seconds": summary["wall_seconds"]}
+
+
+AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
+
+
+def agent_settings(cfg: TrainConfig) -> dict:
+    """The inference settings a checkpoint was trained for (written beside its weights as
+    ``kunlunlab_agent.json``; ``kunlunlab eval --model <folder>`` applies them unless told otherwise)."""
+    return {"method": cfg.eval.method, "top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars,
+            "max_turn_tokens": cfg.eval.max_turn_tokens, "max_total_tokens": cfg.eval.max_total_tokens,
+            "max_searches": 8, "stie_rounds": cfg.agent.stie.max_rounds,
+            "use_rdra": cfg.eval.method == "kunlun", "use_stie": cfg.eval.method == "kunlun",
+            "rdra": asdict(cfg.agent.rdra)}
 
 
 class RunState:
@@ -165,11 +185,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     from dataclasses import replace
 
     mixing = replace(mixing, top_k=cfg.top_k, max_result_chars=cfg.max_result_chars, seed=cfg.seed)
-    builder = TrajectoryBuilder(retriever.search, data.passages, mixing)
+    builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra)
     hotpot_builder = None
     if data.hotpot_train:
         hotpot_retriever = build_retriever(data.hotpot_passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
-        hotpot_builder = TrajectoryBuilder(hotpot_retriever.search, data.hotpot_passages, mixing)
+        hotpot_builder = TrajectoryBuilder(hotpot_retriever.search, data.hotpot_passages, mixing, cfg.agent.rdra)
     trajectories = mix(builder, data.train, mixing, hotpot_builder, data.hotpot_train)
     with (run_dir / "trajectories.jsonl").open("w") as f:
         for t in trajectories:
@@ -186,6 +206,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
         """The final model, the Trainer log, seconds and steps, and the stage marked done in state.json."""
         trainer.save_model(str(final))
         tok.save_pretrained(str(final))
+        if main_process:
+            (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(cfg), indent=2))
         _write_log(run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
         timings[stage] = round(time.perf_counter() - t0, 1)
         steps[stage] = trainer.state.global_step
@@ -220,8 +242,10 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
             rollout_cfg = RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
                                         max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
                                         max_result_chars=cfg.max_result_chars)
+            whole = cfg.agent.whole
             rollout = SearchRollout(retriever.search, tok, {q.question: q.answers for q in data.train}, rollout_cfg,
-                                    cfg.dapo, cfg.rewards, log_path=run_dir / "dapo_rollouts.jsonl")
+                                    cfg.dapo, cfg.rewards, log_path=run_dir / "dapo_rollouts.jsonl",
+                                    rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None)
             dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
             trainer = run_dapo(model, tok, dataset, rollout, cfg.dapo, cfg.rewards, run_dir / "dapo", cfg.seed,
                                callbacks=dapo_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
@@ -234,6 +258,24 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     summary = build_summary(cfg, before, after, timings, steps, trajectories, stats_rows)
     (run_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def trained_model(run_dir: str | Path) -> Path | None:
+    """The final model of a training run folder: DAPO's if that stage finished, else SFT's, else None."""
+    for stage in ("dapo", "sft"):
+        final = Path(run_dir) / stage / "final"
+        if (final / "config.json").is_file():
+            return final
+    return None
+
+
+def heldout_examples(cfg: TrainConfig, world_questions: int, hotpot_questions: int) -> TrainingData:
+    """The training run's data with ``world_questions`` held-out synthetic questions (none seen in training)
+    and ``hotpot_questions`` held-out HotpotQA distractor questions: what notebook 06 evaluates on."""
+    from dataclasses import replace
+
+    return load_training_data(replace(cfg, eval=replace(cfg.eval, world_questions=world_questions,
+                                                        hotpot_questions=hotpot_questions)))
 
 
 def _is_main_process() -> bool:
@@ -264,11 +306,15 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
         "seconds": round(sum(timings.values()), 1), "seconds_by_stage": timings,
         "eval_seconds": {"before": before.get("seconds"), "after": after.get("seconds")},
         "heldout_questions": wb["n"], "units": "EM, F1 and format compliance in percent",
-        "model": cfg.model or "smollm2-135m-instruct", "eval_method": cfg.eval.method,
+        "model": cfg.model or "smollm2-135m-instruct", "eval_method": cfg.eval.method, "agent": cfg.agent.method,
+        "em_tagged_after": pct(wa.get("em_tagged")), "em_fallback_after": pct(wa.get("em_fallback")),
+        "n_tagged_after": wa.get("n_tagged"), "n_fallback_after": wa.get("n_fallback"),
         "trajectories": len(trajectories),
-        "trajectory_mix": {**{q: sum(1 for r in stats_rows if r["quality"] == q and not r["partial"])
-                              for q in ("hq", "noisy")},
-                           "first_turn": sum(1 for r in stats_rows if r["partial"])},
+        "trajectory_mix": {**{q: sum(1 for r in stats_rows if r["quality"] == q and not r["partial"]
+                                     and r["kind"] == "trajectory") for q in ("hq", "noisy")},
+                           "first_turn": sum(1 for r in stats_rows if r["partial"]),
+                           "plan": sum(1 for r in stats_rows if r["kind"] == "plan"),
+                           "with_stie_feedback": sum(1 for r in stats_rows if r["stie_rounds"])},
     }
     if "hotpotqa_distractor" in before and "hotpotqa_distractor" in after:
         hb, ha = before["hotpotqa_distractor"], after["hotpotqa_distractor"]
@@ -292,5 +338,5 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-__all__ = ["SMOKE_OVERRIDES", "TrainingData", "build_summary", "evaluate_model", "load_training_data",
-           "training_logs", "train"]
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "TrainingData", "agent_settings", "build_summary",
+           "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train"]

@@ -1,4 +1,4 @@
-"""Dual-mode rewards (paper §3.5, eqs. 17-18) and DAPO's overlong shaping, as TRL reward functions.
+"""Dual-mode rewards (paper §2.3, eqs. 17-18) and DAPO's overlong shaping, as TRL reward functions.
 
     R_short = w_f·r_format + w_l·r_length + w_a·r_accuracy                            (eq. 17)
     R_long  = w_f·r_format + w_l·r_length + w_a·r_accuracy + w_s·(r_structure - 1)    (eq. 18)
@@ -78,25 +78,27 @@ class ParseRecord:
 
 def parse_completion(text: str, model_tokens: int | None = None) -> ParseRecord:
     """Parses a whole trajectory text: result blocks are the environment's and are dropped; every model
-    turn (ending at ``</search>`` or an answer tag) is read with :func:`parse_turn`."""
-    model_text = _RESULT_BLOCK.sub("", text).replace("<|im_end|>", "")
-    turns = re.split(r"(?<=</search>)", model_text)
+    turn (the text between environment blocks, split again after each ``</search>``) is read with
+    :func:`parse_turn`. With STIE (§2.2) an answer round can be followed by the controller's feedback block
+    and further rounds: the answer is the last round's (the caller may put the controller's accepted answer
+    in its place), and issues of every round count."""
+    pieces = [p.replace("<|im_end|>", "") for p in _RESULT_BLOCK.split(text)]
+    turns = [seg for piece in pieces for seg in re.split(r"(?<=</search>)", piece)]
+    turns = [seg for seg in turns if seg.strip()]
+    model_text = "".join(turns)
     issues: list[str] = []
     searches, final = 0, None
-    for segment in turns:
-        if not segment.strip():
-            continue
+    for k, segment in enumerate(turns):
         turn = parse_turn(segment)
-        issues.extend(i for i in turn.issues if i != "no_action" or segment is turns[-1])
+        issues.extend(i for i in turn.issues if i != "no_action" or k == len(turns) - 1)
         if turn.kind == "search":
             searches += 1
         elif turn.kind == "answer":
             final = turn
-            break
     body = ""
     if final is not None and final.answer_mode:
-        m = re.search(f"<{final.answer_mode}_answer>(.*?)(?:</{final.answer_mode}_answer>|$)", model_text, re.S)
-        body = m.group(1) if m else ""
+        bodies = re.findall(f"<{final.answer_mode}_answer>(.*?)(?:</{final.answer_mode}_answer>|$)", model_text, re.S)
+        body = bodies[-1] if bodies else ""
     return ParseRecord(answer=final.answer if final else None, mode=final.answer_mode if final else None,
                        answer_body=body, issues=sorted(set(issues)), n_searches=searches,
                        model_tokens=model_tokens, think_blocks=len(re.findall(r"<think>", model_text)))

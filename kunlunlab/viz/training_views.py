@@ -67,7 +67,7 @@ def training_curves(sft_log: Sequence[dict], dapo_log: Sequence[dict], rollouts:
     rsteps = [r["step"] + 1 for r in rollouts]
     fig.add_trace(go.Scatter(x=rsteps, y=[r["searches"] for r in rollouts], name="searches"), 2, 1)
     fig.add_trace(go.Scatter(x=rsteps, y=[r["format_compliance"] for r in rollouts], name="format"), 2, 2)
-    fig.add_trace(go.Bar(x=rsteps, y=[r["resampled_groups"] for r in rollouts], name="re-sampled groups"), 2, 3)
+    fig.add_trace(go.Bar(x=rsteps, y=[r["refilled_groups"] for r in rollouts], name="refilled groups"), 2, 3)
     fig.add_trace(go.Bar(x=rsteps, y=[r["filtered_groups"] for r in rollouts], name="groups out of the loss"), 2, 3)
     fig.update_xaxes(title_text="step")
     fig.update_layout(title="Training", template="plotly_white", height=650)

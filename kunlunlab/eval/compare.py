@@ -1,0 +1,98 @@
+"""Method comparisons as the paper reports them: Table 2 (EM and LJ per dataset and method) and the
+ablation table, each difference with a paired-bootstrap 95 % interval over the same questions.
+
+Inputs are the per-question records :func:`kunlunlab.eval.harness.evaluate` writes (one dict per
+question with ``id``, ``em``, ``f1``, ``lj``); records of two methods are paired by question id, so a
+difference is never taken between different questions.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from kunlunlab.eval.stats import paired_bootstrap
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def paired(a: Sequence[dict], b: Sequence[dict], key: str = "em") -> tuple[list[float], list[float]]:
+    """The two methods' scores on the questions both answered, in the same order (paired by ``id``)."""
+    by_id = {r["id"]: r for r in b}
+    common = [r for r in a if r["id"] in by_id and r.get(key) is not None and by_id[r["id"]].get(key) is not None]
+    if not common:
+        raise ValueError(f"no question with a {key!r} score in both record sets")
+    return [float(r[key]) for r in common], [float(by_id[r["id"]][key]) for r in common]
+
+
+def compare(a: Sequence[dict], b: Sequence[dict], key: str = "em", n_resamples: int = 10_000, seed: int = 0) -> dict:
+    """Mean of ``a`` minus mean of ``b`` on ``key`` with the paired-bootstrap interval, in percent points."""
+    xs, ys = paired(a, b, key)
+    res = paired_bootstrap(xs, ys, n_resamples=n_resamples, seed=seed)
+    return {"n": res["n"], "a": 100 * res["mean_a"], "b": 100 * res["mean_b"], "diff": 100 * res["diff"],
+            "low": 100 * res["low"], "high": 100 * res["high"]}
+
+
+def table2(records: Mapping[str, Mapping[str, Sequence[dict]]], method: str, baselines: Sequence[str],
+           n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list]]:
+    """Table 2's layout: one row per method, EM and LJ (percent) per dataset; then, per dataset, the
+    difference of ``method`` to the best baseline (by EM) with its 95 % interval and the sample size.
+
+    ``records[dataset][method]`` are the per-question records. LJ is ``–`` where no judge ran.
+    """
+    datasets = list(records)
+    header = ["method"] + [f"{d} {m}" for d in datasets for m in ("EM", "LJ")]
+
+    def cell(value):
+        return "–" if value is None else round(100 * value, 1)
+
+    rows = []
+    for name in list(baselines) + [method]:
+        row = [name]
+        for d in datasets:
+            recs = records[d].get(name)
+            row += [cell(_mean([r["em"] for r in recs])) if recs else "–",
+                    cell(_mean([r.get("lj") for r in recs])) if recs else "–"]
+        rows.append(row)
+    diff_row = [f"{method} − best baseline (EM, 95% CI, n)"]
+    for d in datasets:
+        present = [b for b in baselines if records[d].get(b)]
+        if not present or not records[d].get(method):
+            diff_row += ["–", "–"]
+            continue
+        best = max(present, key=lambda b: _mean([r["em"] for r in records[d][b]]) or 0.0)
+        c = compare(records[d][method], records[d][best], "em", n_resamples, seed)
+        diff_row += [f"{c['diff']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] n={c['n']}", f"vs {best}"]
+    rows.append(diff_row)
+    return header, rows
+
+
+def ablation_table(variants: Mapping[str, Sequence[dict]], reference: str, n_resamples: int = 10_000,
+                   seed: int = 0, notes: Mapping[str, str] | None = None) -> tuple[list[str], list[list]]:
+    """One row per variant: EM, F1, searches per question, and the EM difference to ``reference`` with its
+    paired-bootstrap interval; a variant whose difference interval contains 0 is marked "no measurable
+    effect at this scale" rather than read as helping or hurting."""
+    header = ["variant", "n", "EM", "F1", "searches / q", "Δ EM vs " + reference + " [95% CI]", "reading"]
+    ref = variants[reference]
+    rows = []
+    for name, recs in variants.items():
+        em, f1 = _mean([r["em"] for r in recs]), _mean([r["f1"] for r in recs])
+        searches = _mean([r.get("searches") for r in recs])
+        if name == reference:
+            delta, reading = "–", "reference"
+        else:
+            c = compare(recs, ref, "em", n_resamples, seed)
+            delta = f"{c['diff']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
+            if c["low"] > 0:
+                reading = f"removing it helps (+{c['diff']:.1f})" if name.startswith("−") else "better"
+            elif c["high"] < 0:
+                reading = (f"the mechanism helps ({-c['diff']:.1f} EM lost without it)" if name.startswith("−")
+                           else "worse")
+            else:
+                reading = "no measurable effect at this scale"
+        if notes and name in notes:
+            reading = f"{reading}; {notes[name]}"
+        rows.append([name, len(recs), round(100 * em, 1), round(100 * f1, 1),
+                     None if searches is None else round(searches, 2), delta, reading])
+    return header, rows

@@ -1,0 +1,46 @@
+"""Table 2 and the ablation table: paired by question id, EM in percent, differences with paired-bootstrap intervals."""
+import pytest
+
+from kunlunlab.eval.compare import ablation_table, compare, paired, table2
+
+
+def recs(ems, lj=None, prefix="q"):
+    return [{"id": f"{prefix}{i}", "em": float(e), "f1": float(e), "lj": lj, "searches": 2} for i, e in enumerate(ems)]
+
+
+def test_pairs_by_question_id_not_by_position():
+    a = recs([1, 0, 1])
+    b = list(reversed(recs([0, 0, 1])))
+    assert paired(a, b) == ([1.0, 0.0, 1.0], [0.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="no question"):
+        paired(a, recs([1], prefix="x"))
+
+
+def test_compare_reports_percent_points_with_an_interval():
+    c = compare(recs([1, 1, 1, 1]), recs([0, 0, 0, 0]), n_resamples=500)
+    assert (c["n"], c["a"], c["b"], c["diff"], c["low"], c["high"]) == (4, 100.0, 0.0, 100.0, 100.0, 100.0)
+    same = compare(recs([1, 0, 1, 0]), recs([1, 0, 1, 0]), n_resamples=500)
+    assert same["diff"] == same["low"] == same["high"] == 0.0
+
+
+def test_table2_layout_best_baseline_and_absent_judge():
+    records = {"world": {"naive_rag": recs([1, 0, 0, 0]), "ircot": recs([1, 1, 0, 0]), "kunlun": recs([1, 1, 1, 1])},
+               "bamboogle": {"naive_rag": recs([0, 0], lj=1.0), "ircot": recs([0, 1], lj=0.0),
+                             "kunlun": recs([1, 1], lj=1.0)}}
+    header, rows = table2(records, "kunlun", ["naive_rag", "ircot"], n_resamples=500)
+    assert header == ["method", "world EM", "world LJ", "bamboogle EM", "bamboogle LJ"]
+    assert rows[0] == ["naive_rag", 25.0, "–", 0.0, 100.0]
+    assert rows[2] == ["kunlun", 100.0, "–", 100.0, 100.0]
+    assert rows[3][2] == "vs ircot" and rows[3][1].startswith("+50.0 [") and rows[3][1].endswith("n=4")
+    assert rows[3][4] == "vs ircot" and rows[3][3].startswith("+50.0")
+
+
+def test_ablation_table_reads_intervals_honestly():
+    full = recs([1] * 10)
+    variants = {"kunlun": full, "−STIE": recs([1] * 10), "−RDRA": recs([0] * 10)}
+    header, rows = ablation_table(variants, "kunlun", n_resamples=500, notes={"−RDRA": "fewer searches"})
+    by = {r[0]: r for r in rows}
+    assert by["kunlun"][5] == "–" and by["kunlun"][6] == "reference"
+    assert by["−STIE"][6] == "no measurable effect at this scale"
+    assert by["−RDRA"][5] == "-100.0 [-100.0, -100.0]"
+    assert by["−RDRA"][6].startswith("the mechanism helps (100.0 EM lost") and by["−RDRA"][6].endswith("fewer searches")

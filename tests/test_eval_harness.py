@@ -1,0 +1,192 @@
+"""The evaluation harness around the methods: paired bootstrap, judge configuration, answer-source split,
+checkpoint agent settings, ablation switches and the router summary."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
+                                    load_agent_settings, make_judge_backend, router_summary, summarize,
+                                    with_checkpoint_settings)
+from kunlunlab.eval.stats import paired_bootstrap, paired_records
+
+
+# ---------------------------------------------------------------------------- paired bootstrap
+def test_bootstrap_identical_scores_give_a_zero_interval():
+    scores = [1.0, 0.0, 1.0, 1.0, 0.0]
+    r = paired_bootstrap(scores, scores, n_resamples=500)
+    assert r["n"] == 5 and r["diff"] == 0.0 and r["low"] == 0.0 and r["high"] == 0.0
+    assert r["mean_a"] == r["mean_b"] == pytest.approx(0.6)
+    assert r["share_diff_le_0"] == 1.0  # a never beats b
+
+
+def test_bootstrap_a_better_on_every_question_has_a_positive_interval():
+    a, b = [1.0, 0.8, 0.6, 1.0], [0.0, 0.5, 0.1, 0.9]  # per-question gains 1.0, 0.3, 0.5, 0.1
+    r = paired_bootstrap(a, b, n_resamples=2000)
+    assert r["diff"] == pytest.approx(0.475)  # (1.0 + 0.3 + 0.5 + 0.1) / 4
+    assert r["low"] > 0 and r["share_diff_le_0"] == 0.0
+    assert 0.1 <= r["low"] <= r["diff"] <= r["high"] <= 1.0  # resample means lie within the gains' range
+
+
+def test_bootstrap_share_matches_the_exact_resampling_distribution():
+    # gains (1, 0): a resample of two indices has mean 0 with probability 1/4, 1/2 w.p. 1/2, 1 w.p. 1/4
+    r = paired_bootstrap([1.0, 0.0], [0.0, 0.0], n_resamples=20_000, seed=3, confidence=0.4)
+    assert r["diff"] == 0.5
+    assert r["share_diff_le_0"] == pytest.approx(0.25, abs=0.02)
+    assert r["low"] == 0.5 and r["high"] == 0.5  # 30th and 70th percentiles of {0: 1/4, 0.5: 1/2, 1: 1/4}
+
+
+def test_bootstrap_is_reproducible_per_seed():
+    a, b = [1, 0, 1, 0, 1, 1], [0, 0, 1, 1, 0, 1]
+    assert paired_bootstrap(a, b, seed=1) == paired_bootstrap(a, b, seed=1)
+
+
+@pytest.mark.parametrize("a,b,match", [([1.0, 0.0], [1.0], "got 2 and 1"), ([], [], "at least one question"),
+                                       ([float("nan")], [0.0], "non-finite")])
+def test_bootstrap_rejects_unpaired_or_empty_input(a, b, match):
+    with pytest.raises(ValueError, match=match):
+        paired_bootstrap(a, b)
+
+
+def test_paired_records_align_by_question_id():
+    a = [{"id": "q1", "em": 1.0}, {"id": "q2", "em": 0.0}]
+    b = [{"id": "q2", "em": 1.0}, {"id": "q1", "em": 1.0}]
+    assert paired_records(a, b) == ([1.0, 0.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="different questions"):
+        paired_records(a, [{"id": "q1", "em": 1.0}, {"id": "q3", "em": 0.0}])
+    with pytest.raises(ValueError, match="no 'lj' value"):
+        paired_records([{"id": "q1", "lj": None}], [{"id": "q1", "lj": 1.0}], metric="lj")
+
+
+# ---------------------------------------------------------------------------- summary by answer source
+def _record(em, source=None, lj=None):
+    trajectory = {"steps": []} if source is None else {"steps": [], "answer_source": source}
+    return {"id": "x", "em": em, "f1": em, "acc": em, "lj": lj, "searches": 1, "seconds": 0.1, "trajectory": trajectory}
+
+
+def test_summary_splits_em_by_answer_source():
+    records = [_record(1.0, "answer_tag"), _record(0.0, "answer_tag"), _record(1.0, "answer_tag"),
+               _record(0.0, "fallback"), _record(1.0)]  # the last: a baseline without answer tags
+    s = summarize(records)
+    assert s["n"] == 5 and s["em"] == 0.6
+    assert s["n_tagged"] == 3 and s["em_tagged"] == 0.6667
+    assert s["n_fallback"] == 2 and s["em_fallback"] == 0.5
+    assert s["tagged_share"] == 0.6 and s["lj"] is None
+
+
+def test_summary_of_baselines_has_no_tagged_em():
+    s = summarize([_record(1.0), _record(0.0)])
+    assert s["n_tagged"] == 0 and s["em_tagged"] is None and s["em_fallback"] == 0.5 and s["tagged_share"] == 0.0
+
+
+def test_summary_rejects_an_unknown_answer_source():
+    with pytest.raises(ValueError, match="unknown answer_source 'guess'"):
+        summarize([_record(1.0, "guess")])
+
+
+# ---------------------------------------------------------------------------- judge configuration
+def test_no_judge_by_default():
+    assert EvalConfig().judge is None and EvalConfig(judge="none").judge is None
+    fake = SimpleNamespace(name="m")
+    assert make_judge_backend(EvalConfig(), fake) is None
+    assert make_judge_backend(EvalConfig(judge="same"), fake) is fake
+    assert make_judge_backend(EvalConfig(model="m", judge="m"), fake) is fake  # naming yourself reuses the model
+    with pytest.raises(ValueError, match="judge_url needs judge"):
+        EvalConfig(judge_url="http://localhost:8002")
+
+
+def test_without_a_judge_lj_is_absent_everywhere(backend, world, questions, tmp_path):
+    config = EvalConfig(dataset="world", method="naive_gen", limit=2, index_kind="bm25")
+    summary = evaluate(config, tmp_path / "out.jsonl", backend=backend, examples=questions[:2],
+                       passages=world.passages)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["lj"] is None for r in records)
+    assert summary["lj"] is None and summary["judge"] is None
+    assert summary["n_fallback"] == 2 and summary["em_tagged"] is None  # naive_gen has no answer tags
+    assert all(r["answer_source"] == "fallback" for r in records)
+
+
+def test_self_judging_is_labelled(backend, world, questions, tmp_path):
+    config = EvalConfig(dataset="world", method="naive_gen", limit=1, index_kind="bm25", judge="same")
+    summary = evaluate(config, None, backend=backend, examples=questions[:1], passages=world.passages)
+    assert summary["lj"] in (0.0, 1.0)
+    assert summary["judge"]["self_judged"] is True and summary["judge"]["model"] == backend.name
+
+
+# ---------------------------------------------------------------------------- ablations
+def test_stie_rounds_default_follows_stie_config():
+    assert EvalConfig().stie_rounds == STIEConfig().max_rounds
+    with pytest.raises(ValueError, match="stie_rounds"):
+        EvalConfig(stie_rounds=0)
+    with pytest.raises(ValueError, match="unknown method 'magic'"):
+        EvalConfig(method="magic")
+
+
+def test_ablation_switches_reach_the_method(world):
+    fake_backend = SimpleNamespace(name="fake", tokenizer=None)  # the method is built, never run
+    config = EvalConfig(method="kunlun", index_kind="bm25", use_rdra=False, use_stie=False, stie_rounds=4, top_k=2)
+    method, _, backend = build_pipeline(config, world.passages[:50], fake_backend)
+    assert backend is fake_backend
+    mc = method.config
+    assert (mc.use_rdra, mc.use_stie, mc.stie.max_rounds, mc.top_k, mc.rollout.top_k) == (False, False, 4, 2, 2)
+
+
+# ---------------------------------------------------------------------------- checkpoint settings
+def _checkpoint(tmp_path, settings) -> str:
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / AGENT_SETTINGS_FILE).write_text(settings if isinstance(settings, str) else json.dumps(settings))
+    return str(folder)
+
+
+def test_agent_settings_absent_for_hub_ids_and_plain_folders(tmp_path):
+    assert load_agent_settings(None) == {}
+    assert load_agent_settings("Qwen/Qwen2.5-7B-Instruct") == {}
+    assert load_agent_settings(str(tmp_path)) == {}
+
+
+def test_agent_settings_load_and_resolve(tmp_path):
+    saved = {"method": "agent", "top_k": 1, "max_turn_tokens": 160, "stie_rounds": 4, "use_rdra": False}
+    ckpt = _checkpoint(tmp_path, saved)
+    assert load_agent_settings(ckpt) == saved
+    config = EvalConfig.for_checkpoint(ckpt, top_k=5, limit=3)
+    assert config.model == ckpt and config.limit == 3
+    assert config.top_k == 5                        # explicit beats the checkpoint
+    assert (config.method, config.max_turn_tokens, config.stie_rounds, config.use_rdra) == ("agent", 160, 4, False)
+    assert config.max_searches == 8 and config.use_stie is True  # neither given nor saved: EvalConfig default
+    kept = with_checkpoint_settings(EvalConfig(model=ckpt, method="naive_rag"), explicit={"method"})
+    assert kept.method == "naive_rag" and kept.top_k == 1
+
+
+@pytest.mark.parametrize("content,match", [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"),
+                                           ({"top_k": "3"}, "'top_k' must be int"),
+                                           ({"use_stie": 1}, "'use_stie' must be bool"),
+                                           ({"top_k": True}, "'top_k' must be int"),
+                                           ({"temperature": 0.7}, "unknown keys")])
+def test_malformed_agent_settings_name_the_file(tmp_path, content, match):
+    ckpt = _checkpoint(tmp_path, content)
+    with pytest.raises(AgentSettingsError, match=match) as err:
+        load_agent_settings(ckpt)
+    assert AGENT_SETTINGS_FILE in str(err.value)
+
+
+# ---------------------------------------------------------------------------- router summary
+def test_router_summary_is_taken_from_the_search_function():
+    assert router_summary(lambda queries, k: []) is None
+    assert router_summary(SimpleNamespace(summary=lambda: {"calls": {"both": 2}})) == {"calls": {"both": 2}}
+
+
+def test_evaluate_reports_the_router_with_a_network_tier(backend, world, questions, monkeypatch):
+    from kunlunlab.agent.nlr import NetworkLocalRouter
+
+    # the router's own statistics are its business (tests/test_nlr.py); here: they reach the summary
+    monkeypatch.setattr(NetworkLocalRouter, "summary", lambda self: {"from": "router"}, raising=False)
+    # port 9 refuses connections: the network call fails and the router falls back to the local index
+    config = EvalConfig(dataset="world", method="naive_rag", limit=1, index_kind="bm25",
+                        network_url="http://127.0.0.1:9")
+    summary = evaluate(config, None, backend=backend, examples=questions[:1], passages=world.passages)
+    assert summary["router"] == {"from": "router"}
+    assert summary["search_errors"] == 0  # the router's fallback is not a failed search
+    assert "router" not in evaluate(EvalConfig(dataset="world", method="naive_gen", limit=1, index_kind="bm25"),
+                                    None, backend=backend, examples=questions[:1], passages=world.passages)
