@@ -1,30 +1,9 @@
 """RDRA (§2.1, eqs. 1-4): the plan's queries (whole plan and lines), the D1/D2 share of the joint context,
 and the number of searches actually sent."""
-from kunlunlab.agent.backends import Segment, text_ids
 from kunlunlab.agent.rdra import RDRAConfig, joint_context, plan_queries, rdra_contexts
 from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import RetrievalServiceError
-
-
-class PlanBackend:
-    """Writes a fixed plan for each prompt row."""
-
-    name = "plans"
-
-    def __init__(self, tokenizer, plans):
-        self.tokenizer, self.plans = tokenizer, plans
-
-    def open(self, prompts, sampling=None):
-        outer = self
-
-        class Session:
-            def generate(self, rows, max_new_tokens, stop=()):
-                return {r: Segment(text_ids(outer.tokenizer, outer.plans[r]), [], outer.plans[r], "stop") for r in rows}
-
-            def release(self, rows):
-                pass
-
-        return Session()
+from scripted import ScriptedBackend
 
 
 class RecordingSearch:
@@ -63,7 +42,7 @@ def test_rdra_counts_the_searches_it_sends(backend):
     plans = ["Who directed Film X?\nWhere was the director born?", "nothing"]
     search = RecordingSearch()
     cfg = RDRAConfig(background_k=2, plan_k=1, max_plan_queries=3, max_docs=3)
-    out = rdra_contexts(PlanBackend(backend.tokenizer, plans), search, ["Q one?", "Q two?"], cfg)
+    out = rdra_contexts(ScriptedBackend(backend.tokenizer, [[p] for p in plans]), search, ["Q one?", "Q two?"], cfg)
     # stage 1: one query per question; stage 2: whole plan + 2 lines for the first, the question for the second
     assert search.calls[0] == (["Q one?", "Q two?"], 2)
     assert search.calls[1][0] == ["Who directed Film X? Where was the director born?", "Who directed Film X?",
@@ -77,5 +56,5 @@ def test_rdra_dead_service_reasons_without_background(backend):
     def down(queries, k):
         raise RetrievalServiceError("retrieval service at http://127.0.0.1:9 is down")
 
-    out = rdra_contexts(PlanBackend(backend.tokenizer, ["Find the film"]), down, ["Q?"], RDRAConfig())
+    out = rdra_contexts(ScriptedBackend(backend.tokenizer, [["Find the film"]]), down, ["Q?"], RDRAConfig())
     assert out[0].doc_ids == [] and "down" in out[0].error

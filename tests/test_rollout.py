@@ -1,55 +1,11 @@
 """The rollout engine: exact token mask, one retrieval call per turn, limits, and a dead search service."""
 import pytest
 
-from kunlunlab.agent.backends import Segment, chat_prompt_ids, text_ids
+from kunlunlab.agent.backends import chat_prompt_ids, text_ids
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
-from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import RetrievalClient, free_port
-
-
-class ScriptedBackend:
-    """A test double of the backend: each row replays its scripted turns; it records what the engine appends."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, scripts):
-        self.tokenizer, self.scripts = tokenizer, scripts
-        self.appended, self.turn_of = {}, {}
-
-    def open(self, prompts, sampling=None):
-        outer = self
-
-        class Session:
-            def generate(self, rows, max_new_tokens, stop=()):
-                out = {}
-                for r in rows:
-                    k = outer.turn_of.get(r, 0)
-                    outer.turn_of[r] = k + 1
-                    ids = text_ids(outer.tokenizer, outer.scripts[r][k])
-                    limit = max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens
-                    finish = "length" if len(ids) > limit else "stop"
-                    ids = ids[:limit]
-                    out[r] = Segment(ids, [-0.5] * len(ids), outer.tokenizer.decode(ids), finish)
-                return out
-
-            def append(self, tokens):
-                for r, ids in tokens.items():
-                    outer.appended.setdefault(r, []).append(list(ids))
-
-            def release(self, rows):
-                pass
-
-        return Session()
-
-
-class CountingSearch:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, queries, k):
-        self.calls.append(list(queries))
-        return [[Hit(f"{q}-{j}", f"passage {j} about {q}", 1.0 - j / 10) for j in range(k)] for q in queries]
+from scripted import CountingSearch, ScriptedBackend, interleaved
 
 
 SCRIPTS = [
@@ -74,14 +30,7 @@ def test_mask_is_exact_and_all_queries_of_a_turn_go_in_one_call(tokenizer):
     for i, t in enumerate(trajs):
         model_ids = [text_ids(tokenizer, s) for s in SCRIPTS[i]]
         env_ids = backend.appended.get(i, [])
-        expected_ids, expected_mask = [], []
-        for k, ids in enumerate(model_ids):  # model turn, then what the engine appended after it
-            expected_ids += ids
-            expected_mask += [1] * len(ids)
-            if k < len(env_ids):
-                expected_ids += env_ids[k]
-                expected_mask += [0] * len(env_ids[k])
-        assert t.completion_ids == expected_ids and t.mask == expected_mask
+        assert (t.completion_ids, t.mask) == interleaved(model_ids, env_ids)
         assert sum(t.mask) == sum(len(x) for x in model_ids)
     assert trajs[0].answer == "Delta" and trajs[0].n_searches == 2 and trajs[0].finish == "answer"
     assert trajs[0].queries == [["alpha film"], ["beta person", "gamma city"]]

@@ -2,62 +2,14 @@
 ``RolloutEngine.run`` with an ``STIEController``; checks the feedback blocks appended as environment
 tokens, where each row stops, and the final answers. Expected values are worked out by hand below,
 with W("Saint Louis") = {saint, louis}, W("Saint Petersburg") = {saint, peter}: O = 1/3, D = 2/3."""
-import math
-
 import pytest
 
-from kunlunlab.agent.backends import Segment, text_ids
+from kunlunlab.agent.backends import text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.agent.stie import STIEConfig, STIEController
 from kunlunlab.retrieval.retriever import Hit
-
-
-class ScriptedBackend:
-    """A test double of the backend (as in tests/test_rollout.py): each row replays its scripted turns,
-    here ``(text, confidence)`` pairs; every token of a turn gets log-prob ln(confidence), so the
-    engine's round confidence exp(mean log-prob) is that confidence. It records what the engine appends."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer, scripts):
-        self.tokenizer, self.scripts = tokenizer, scripts
-        self.appended, self.turn_of = {}, {}
-
-    def open(self, prompts, sampling=None):
-        outer = self
-
-        class Session:
-            def generate(self, rows, max_new_tokens, stop=()):
-                out = {}
-                for r in rows:
-                    k = outer.turn_of.get(r, 0)
-                    outer.turn_of[r] = k + 1
-                    text, confidence = outer.scripts[r][k]
-                    ids = text_ids(outer.tokenizer, text)
-                    limit = max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens
-                    finish = "length" if len(ids) > limit else "stop"
-                    ids = ids[:limit]
-                    out[r] = Segment(ids, [math.log(confidence)] * len(ids), outer.tokenizer.decode(ids), finish)
-                return out
-
-            def append(self, tokens):
-                for r, ids in tokens.items():
-                    outer.appended.setdefault(r, []).append(list(ids))
-
-            def release(self, rows):
-                pass
-
-        return Session()
-
-
-class CountingSearch:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, queries, k):
-        self.calls.append(list(queries))
-        return [[Hit(f"{q}-{j}", f"passage {j} about {q}", 1.0 - j / 10) for j in range(k)] for q in queries]
+from scripted import CountingSearch, ScriptedBackend, interleaved
 
 
 def search(query: str) -> tuple[str, float]:
@@ -130,14 +82,7 @@ def test_feedback_is_appended_as_environment_tokens(run, tokenizer):
     model_ids = [text_ids(tokenizer, text) for text, _ in SCRIPTS[0]]
     env_ids = backend.appended[0]
     assert len(env_ids) == len(model_ids) - 1
-    expected_ids, expected_mask = [], []
-    for k, ids in enumerate(model_ids):
-        expected_ids += ids
-        expected_mask += [1] * len(ids)
-        if k < len(env_ids):
-            expected_ids += env_ids[k]
-            expected_mask += [0] * len(env_ids[k])
-    assert t.completion_ids == expected_ids and t.mask == expected_mask
+    assert (t.completion_ids, t.mask) == interleaved(model_ids, env_ids)
     assert [env_ids[k] for k in (1, 3, 5, 7)] == [text_ids(tokenizer, f) for f in feedback]
     assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.mask) if m == 0)
 
