@@ -47,7 +47,7 @@ def cmd_build_index(args: argparse.Namespace) -> int:
     passages = load_corpus_arg(args.corpus, args.n, args.seed)
     config = IndexConfig(kind=args.kind, embedder=args.embedder,
                          ivfpq=IVFPQConfig(nlist=args.nlist or 1024, m=args.pq_m, nprobe=args.nprobe),
-                         cluster=ClusterConfig(nlist=args.nlist, pq_m=args.pq_m,
+                         cluster=ClusterConfig(nlist=args.nlist, nlist_method=args.nlist_method, pq_m=args.pq_m,
                                                candidate_budget=args.candidate_budget))
     start = time.perf_counter()
     retriever = build_retriever(passages, config, progress=True)
@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kind", default="cluster", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
     b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
     b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
+    b.add_argument("--nlist-method", default="sqrt", choices=["sqrt", "elbow", "silhouette"],
+                   help="cluster retriever with --nlist 0: 2*sqrt(n), or chosen by the elbow of k-means inertia or "
+                        "the best silhouette on a sample (paper §3.1.1)")
     b.add_argument("--pq-m", type=int, default=48, help="bytes of scan code per vector")
     b.add_argument("--nprobe", type=int, default=16, help="IVF-PQ clusters scanned per query")
     b.add_argument("--candidate-budget", type=int, default=112, help="cluster retriever: re-ranked candidates")

@@ -5,9 +5,8 @@ Build:
      ``nlist_method="sqrt"`` (the default) takes about 2·sqrt(N); ``"elbow"`` and ``"silhouette"``
      choose it the paper's way, by k-means on a sample over a grid of candidates (see
      ``select_nlist``). Departure: the paper picks the count by elbow/silhouette; the default here is
-     2·sqrt(N) because for an index the count sets the scan cost per probe (about sqrt(N) members per
-     cluster balances the centroid scan against the list scans), whereas elbow/silhouette on text
-     embeddings, which have little cluster structure, tends to choose few, very large clusters;
+     2·sqrt(N) because for an index the count sets the cost of a probe and of the centroid scan
+     (about sqrt(N) members per cluster balances the two), which elbow and silhouette do not weigh;
   2. an IVF-PQ index over those centroids holds compact codes for fast candidate scans (FAISS's
      SIMD fast-scan layout by default: ``pq_m`` bytes per vector as 2·pq_m 4-bit codes);
   3. the re-ranking source: ``rerank="exact"`` keeps the float vectors in a memory-mapped file
@@ -25,27 +24,29 @@ Search, for every query in a batch at once:
   3. resource-aware allocation: the global candidate budget ``B`` is split as quotas
      ``q_c = p_c·B``; clusters with ``q_c ≥ 1`` are scanned (so the probe count adapts to how
      ambiguous the query is) with a priority quota of ``⌈q_c⌉`` candidates, and each cluster with
-     ``q_c < 1`` is scanned with one slot with probability ``q_c`` (stochastic rounding, one
-     systematic draw per query), so its expected slot count is its quota. Without that draw a
-     floored cluster (``q_c = B·min_share ≈ 0.05`` at the defaults) would never be scanned, its
-     documents could never become hits, and its EMA weight could never rise: the floor would be
-     inert. The re-ranked candidates stay exactly ``B``;
+     ``q_c < 1`` is scanned for ``m = explore_slots`` slots with probability ``q_c/m`` (stochastic
+     rounding, one systematic draw per query), so its expected slot count is its quota. Without
+     that draw a floored cluster (``q_c = B·min_share ≈ 0.05`` at the defaults) would never be
+     scanned, its documents could never become hits, and its EMA weight could never rise: the floor
+     would be inert. The re-ranked candidates stay exactly ``B`` (see ``allocate``);
   4. the candidates' vectors are reconstructed (read back, or decoded) and re-ranked exactly;
   5. the EMA weights move toward each cluster's share of final hits relative to its size (a ratio
      to the mean hit rate per document: 1 = hit as often as its size predicts), clipped so that the
      weight term ``w_c^γ`` lies in ``[1/F, F]`` with ``F = weight_factor`` (4 by default): a
-     cluster's share can rise or fall by the paper's 3–5x against neutral rivals and never by more
-     than ``F·(1 + n·min_share)`` (``n`` considered clusters; the floor can add that little), nor
-     more than ``F²·(1 + n·min_share)`` when every rival sits at the opposite bound.
+     cluster's share can rise or fall by the paper's 3–5x against neutral rivals (once above the
+     floor) and never by more than ``F·(1 + n·min_share)`` (``n`` considered clusters; the floor's
+     normaliser adds that little), nor more than ``F²·(1 + n·min_share)`` when every rival sits at
+     the opposite bound (see ``weight_bounds``).
 
-The paper gives the formulas but not the rounding of quotas, the random source, the floor or
-``γ``; those choices are this module's, each explained where it is made.
+The rounding of quotas, the random source of the draws (``draws``), ``γ = 1`` and the bound on the
+weights are this module's choices, each explained where it is made.
 
 If fewer than ``k`` candidates survive (all probed clusters tiny or empty), the query falls back to
 a plain IVF scan over its nearest non-empty clusters, so a result list is never short.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -80,7 +81,7 @@ class ClusterConfig:
     weight_strength: float = 1.0  # γ: w_c is a hit-rate ratio, so γ = 1 makes the weight term that ratio
     weight_factor: float = 4.0  # F: w_c^γ ∈ [1/F, F], the paper's 3–5x range of share shifts
     min_share: float = 1.0 / 2048  # cold-start floor on a considered cluster's probability
-    explore_slots: int = 8  # m: a cluster with quota q_c < 1 is scanned for m slots with probability q_c/m (0: never)
+    explore_slots: int = 16  # m: a cluster with quota q_c < 1 is scanned for m slots with probability q_c/m (0: never)
     adapt: bool = True  # update EMA weights and the annealing clock while serving
     kmeans_iters: int = 20
     train_sample: int = 100_000
@@ -128,8 +129,9 @@ def _knee(ks: np.ndarray, inertia: np.ndarray) -> int:
 def select_nlist(sample: np.ndarray, method: str, iters: int = 20, seed: int = 0,
                  n_total: int | None = None) -> tuple[int, dict[int, float]]:
     """Number of clusters by the elbow of k-means inertia or by the best silhouette coefficient, the
-    way §3.1.1 of arXiv 2506.19466 chooses it. Candidates: ``nlist_grid(n_total)``, then the integers
-    between the coarse winner's neighbours (so the answer is not limited to the coarse grid).
+    way §3.1.1 of arXiv 2506.19466 chooses it. Candidates: ``nlist_grid(n_total)``, then up to 9
+    values evenly spread between the coarse winner's neighbours (so the answer is not limited to the
+    coarse grid).
     k-means runs on ``sample`` (the same k-means++ + spherical k-means as the build); the silhouette
     is scored on at most 4000 of its rows (it costs O(rows²)). Returns the choice and each
     candidate's criterion (inertia per vector, or silhouette)."""
@@ -310,7 +312,7 @@ class ClusterRetriever:
         ``p_c ∝ max(softmax(s_c/T_t + γ·log w_c), min_share)``, zero for empty or missing clusters."""
         c = self.config
         logits = scores * (1.0 / self.temperature())
-        masked = self._has_empty or bool((clusters < 0).any())
+        masked = self._has_empty or clusters.min() < 0
         if masked:
             usable = clusters >= 0
             usable[usable] = self.cluster_sizes[clusters[usable]] > 0  # empty clusters get no share
@@ -373,7 +375,10 @@ class ClusterRetriever:
         ratio) on the query's position ``t`` on the serving clock. While adapting, a repeated query
         therefore gets a fresh, evenly spread draw each time; with ``adapt=False`` the clock stands
         still and search is a pure function of the query (reproducible evaluation)."""
-        if self.config.adapt and len(q) > 1:
+        if len(q) == 1:  # plain floats: a few microseconds less on the single-query hot path
+            return np.array([math.fmod(float(self._draw_direction @ q[0]) % 1.0 + math.fmod(self.step * _GOLDEN, 1.0),
+                                       1.0)])
+        if self.config.adapt:
             phase = np.mod((self.step + np.arange(len(q), dtype=np.float64)) * _GOLDEN, 1.0)
         else:
             phase = math.fmod(self.step * _GOLDEN, 1.0)  # float64: exact enough for any clock
@@ -400,19 +405,30 @@ class ClusterRetriever:
 
         Why ``m`` (a departure from plain stochastic rounding, ``m = 1``): on the 100k Gaussian
         benchmark the quotas below one slot add up to about 13 per query, so ``m = 1`` scans about 13
-        clusters per query beyond the 19 of deterministic rounding (+25–35% latency), while ``m = 8``
-        keeps the same expectation with about 1.6 extra scans, each with up to 8 priority slots."""
-        low = quota < 1.0
+        clusters per query beyond the ~18 of deterministic rounding (+15–35% latency, measured), while
+        ``m = 16`` keeps the same expectation with about 0.8 extra scans per query, each with up to 16
+        priority slots (measured against deterministic rounding: a few percent latency, recall@10
+        unchanged). A floored cluster is then scanned with probability about 0.0034 per query that
+        considers it."""
+        probe = quota >= 1.0
         cap = np.ceil(quota)
         if not explore_slots:
-            return ~low, cap
-        sub = np.where(low, quota, 0.0)
-        reached = sub.cumsum(axis=1, dtype=np.float64)
+            return probe, cap
+        sub = np.where(probe, 0.0, quota)
+        reached = np.add.accumulate(sub, axis=1, dtype=np.float64)  # U_c
+        if len(quota) == 1:  # one query, the hot path: walk the (one or two) crossings in plain Python
+            running = reached[0].tolist()
+            crossing = explore_slots * (1.0 - float(u[0]))  # the first multiple of m, less the offset u·m
+            while crossing <= running[-1]:
+                cluster = bisect.bisect_left(running, crossing)  # U_{c−1} < crossing ≤ U_c
+                probe[0, cluster] = True
+                cap[0, cluster] = explore_slots
+                crossing += explore_slots
+            return probe, cap
         reached += (u * explore_slots)[:, None]
         drawn = np.fmod(reached, explore_slots, out=reached) < sub
-        cap[drawn] = explore_slots
-        drawn |= ~low
-        return drawn, cap
+        np.putmask(cap, drawn, explore_slots)
+        return probe | drawn, cap
 
     def _set_nprobe(self, nprobe: int) -> None:
         """search_preassigned reads nprobe from the index (it takes no per-call parameters); the value is
@@ -496,9 +512,10 @@ class ClusterRetriever:
         exact = self._candidate_scores(q, cand, slot, centroid_scores)
         exact[cand < 0] = -np.inf
         kk = min(k, width)
-        top = np.argpartition(-exact, kk - 1, axis=1)[:, :kk] if kk < width else np.tile(np.arange(width), (nq, 1))
-        top = top[rows_idx, np.argsort(-exact[rows_idx, top], axis=1, kind="stable")]
-        scores = exact[rows_idx, top].astype(np.float32)
+        negated = np.negative(exact)
+        top = np.argpartition(negated, kk - 1, axis=1)[:, :kk] if kk < width else np.tile(np.arange(width), (nq, 1))
+        top = top[rows_idx, np.argsort(negated[rows_idx, top], axis=1, kind="stable")]
+        scores = exact[rows_idx, top].astype(np.float32, copy=False)
         rows = np.where(np.isfinite(scores), cand[rows_idx, top], -1)
         if kk < k:
             scores = np.pad(scores, ((0, 0), (0, k - kk)), constant_values=-np.inf)
@@ -522,10 +539,12 @@ class ClusterRetriever:
     def weight_bounds(self) -> tuple[float, float]:
         """``w ∈ [1/ρ, ρ]`` with ``ρ = F^(1/γ)``, so the weight term ``w^γ`` lies in ``[1/F, F]``.
 
-        Departure from the code this replaced (γ = 0.25, w ∈ [1/2, 2], at most a 1.19x shift): the
-        paper reports cluster weights moving a cluster's share by 3–5x, so the bound is set on the
-        factor itself, ``F = weight_factor`` = 4 by default, with γ = 1 so that a cluster hit 4x as
-        often as its size predicts reaches it."""
+        §3.1.1 of arXiv 2506.19466 has the EMA weights move a cluster's share by 3–5x; γ = 0.25 with
+        w ∈ [1/2, 2] allowed at most 1.19x. The bound is therefore set on the factor itself,
+        ``F = weight_factor`` = 4 by default, and γ = 1 (``w`` is already a hit-rate ratio), so a
+        cluster hit 4x as often as its size predicts reaches it. Against neutral rivals a share then
+        rises by at most ``F·(1 + n·min_share)``: the softmax weight grows by at most F and the
+        floor's normaliser, between 1 and ``1 + n·min_share``, can shrink by no more than that."""
         c = self.config
         rho = c.weight_factor ** (1.0 / c.weight_strength) if c.weight_strength > 0 else 1.0
         return 1.0 / rho, rho
@@ -555,8 +574,9 @@ class ClusterRetriever:
         # doc→cluster with a sentinel at index -1, so a missing candidate (-1) maps to "no cluster".
         self._doc_cluster_ext = np.append(self.doc_cluster, self.nlist).astype(np.int64)
         self._weight_logits = (self.config.weight_strength * np.log(self.weights)).astype(np.float32)  # γ log w
-        # draws(): a fixed random direction; scale 1e3 makes frac(q·r) uniform for unit-norm queries
-        self._draw_direction = np.random.default_rng(self.config.seed).normal(scale=1e3, size=self.dim).astype(np.float32)
+        # draws(): a fixed random direction; scale 1e3 makes frac(q·r) uniform for unit-norm queries. Float64, so
+        # that a batch's matrix product and a single query's dot product agree far below any draw's resolution.
+        self._draw_direction = np.random.default_rng(self.config.seed).normal(scale=1e3, size=self.dim)
         self._has_empty = bool((self.cluster_sizes == 0).any())
         self._slot_table = np.full(self.nlist + 1, -1, dtype=np.int32)
         self._considered_positions = np.arange(max(self.nlist, 1), dtype=np.int32)  # the fallback may consider all
