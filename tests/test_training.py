@@ -7,7 +7,7 @@ import torch
 from transformers import TrainerCallback
 
 from kunlunlab.agent.rollout import RolloutConfig
-from kunlunlab.data.mixing import MixingConfig, TrajectoryBuilder
+from kunlunlab.training.mixing import MixingConfig, TrajectoryBuilder
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.training.config import DAPOStageConfig, SFTStageConfig, load_config
 from kunlunlab.training.rewards import RewardConfig

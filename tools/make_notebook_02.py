@@ -8,7 +8,7 @@ KunLunBaizeRAG trains on a **mix** of high-quality and noisy search-think trajec
 Training starts at a 1:1 ratio (the *cold start*, eq. 14); the high-quality share then rises to 100 %
 by the turning epoch T (eq. 15) while the noisy samples that remain get noisier (eq. 16).
 
-Everything here is built by `kunlunlab.data.mixing` with the **real retriever**: each `<result>` block
+Everything here is built by `kunlunlab.training.mixing` with the **real retriever**: each `<result>` block
 is what the rollout engine would append at inference, formatted by the same function."""),
     code("""# Parameters (papermill overrides these)
 world_passages = 2000
@@ -35,7 +35,7 @@ from collections import Counter
 from IPython.display import HTML, display
 from kunlunlab.data import World, make_questions
 from kunlunlab.data.loaders import corpus_from_examples, load_benchmark
-from kunlunlab.data.mixing import MixingConfig, TrajectoryBuilder, data_stats, load_rl_prompts, mix, schedule
+from kunlunlab.training.mixing import MixingConfig, TrajectoryBuilder, data_stats, load_rl_prompts, mix, schedule
 from kunlunlab.models import load_llm
 from kunlunlab.paths import shared_data_dir
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever

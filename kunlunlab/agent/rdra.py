@@ -15,7 +15,7 @@ from D_2 (either side fills the other's unused slots). The paper gives no split;
 beyond the first hop.
 
 Everything is batched: one retrieval call per stage and one generation call for all plans. Training
-data (:mod:`kunlunlab.data.mixing`) composes its backgrounds with :func:`joint_context` and
+data (:mod:`kunlunlab.training.mixing`) composes its backgrounds with :func:`joint_context` and
 :func:`background_text`, so supervised fine-tuning sees exactly what inference will put in the prompt.
 """
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Trajectory:
 
 def result_block(hits_per_query: list[list], queries: list[str], max_chars: int) -> str:
     """The ``<result>`` text for a search's hits (or plain strings), each passage capped at ``max_chars``.
-    Training data (:mod:`kunlunlab.data.mixing`) uses it too, so SFT sees exactly what rollouts append."""
+    Training data (:mod:`kunlunlab.training.mixing`) uses it too, so SFT sees exactly what rollouts append."""
     docs = [hits if isinstance(hits, list) and hits and isinstance(hits[0], str) else
             [h.contents if len(h.contents) <= max_chars else h.contents[:max_chars] + "…" for h in hits]
             for hits in hits_per_query]

@@ -10,7 +10,7 @@ from typing import Any
 
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.stie import STIEConfig
-from kunlunlab.data.mixing import MixingConfig
+from kunlunlab.training.mixing import MixingConfig
 from kunlunlab.training.rewards import RewardConfig
 
 AGENT_METHODS = ("kunlun", "agent")

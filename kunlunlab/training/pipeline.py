@@ -140,7 +140,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     import torch
 
     from kunlunlab.agent.rollout import RolloutConfig
-    from kunlunlab.data.mixing import TrajectoryBuilder, data_stats, mix, schedule
+    from kunlunlab.training.mixing import TrajectoryBuilder, data_stats, mix, schedule
     from kunlunlab.models import load_llm
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
     from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from kunlunlab.data.mixing import TrajectoryExample, tokenize_trajectory
+from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
 from kunlunlab.training.config import SFTStageConfig
 
 log = logging.getLogger(__name__)
