@@ -108,9 +108,6 @@ class SearchRollout:
             record.answer = final  # the answer the evaluation scores (STIE's choice among the rounds)
         return record
 
-    def _rewards(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
-        return [score(self._record(t), self.answers.get(q, []), self.rewards).total for q, t in zip(questions, trajs)]
-
     def _accuracies(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards) for q, t in zip(questions, trajs)]
 
@@ -163,7 +160,8 @@ class SearchRollout:
         if self.dapo.dynamic_sampling:
             refilled, tried = self._refill(backend, questions, trajs, accuracy, groups, seed)
         flat = [groups[g] for g in self._flat(groups, accuracy)]
-        rewards = self._rewards(questions, trajs)
+        records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
+        rewards = [score(r, self.answers.get(q, []), self.rewards).total for q, r in zip(questions, records)]
         model.train(was_training)
 
         eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -171,7 +169,6 @@ class SearchRollout:
         filtered = set()
         if self.dapo.dynamic_sampling and flat and len(flat) < len(groups):
             filtered = {i for g in flat for i in g}
-        records = [self._record(t) for t in trajs]
         completion_ids, logprobs, env_mask = [], [], []
         for i, t in enumerate(trajs):
             ids, lps, mask = list(t.completion_ids), list(t.logprobs), list(t.mask)
