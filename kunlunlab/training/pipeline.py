@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
 from kunlunlab.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -100,9 +101,6 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
             "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
             "format_compliance": _format_compliance(records), "searches": summary["searches_per_question"],
             "seconds": summary["wall_seconds"]}
-
-
-AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
 
 
 def agent_settings(cfg: TrainConfig) -> dict:
