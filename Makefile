@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lab bench clean
+.PHONY: setup run test lab app bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ test: setup
 # Jupyter refuses to start as root without --allow-root (containers, cloud notebooks); only then is it added.
 lab: setup
 	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# The reward explorer and the STIE tuner as Voilà apps (apps/*.ipynb) on http://localhost:8866;
+# KUNLUNLAB_ROUNDS=<run folder> adds a run's cached rounds to the STIE tuner (see apps/stie_tuner.py).
+app: setup
+	$(BIN)/voila apps/ --no-browser
 
 bench: setup
 	$(BIN)/python -m kunlunlab.bench retrieval

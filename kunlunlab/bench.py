@@ -4,8 +4,9 @@
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
 
 ``retrieval``: exact Flat vs IVF-PQ vs the clustering retriever, one query at a time, the same
-FAISS thread count for every index, recall@10 against exact top-10. ``world`` mode embeds
-synthetic-world passages with the embedder (cached after the first run) and queries with the
+FAISS thread count for every index, recall@10 against exact top-10, measured by
+:func:`kunlunlab.retrieval.evaluation.compare_indexes` (the comparison notebook 01 draws). ``world``
+mode embeds synthetic-world passages with the embedder (cached after the first run) and queries with the
 sub-questions of the world's gold chains (the queries an agent actually issues); ``gaussian``
 mode draws a mixture of Gaussians, for 1M+ vectors without the embedding cost.
 
@@ -24,7 +25,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import faiss
 import numpy as np
 
 
@@ -78,11 +78,12 @@ def gaussian_vectors(n: int, n_queries: int, dim: int = 384, n_modes: int = 2048
 
 
 def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
-    from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
-    from kunlunlab.retrieval.evaluation import recall_at_k, time_per_query
-    from kunlunlab.retrieval.indexes import FlatIndex, IVFPQConfig, IVFPQIndex
+    """Exact Flat, IVF-PQ at ``ivfpq_nprobe`` and the clustering retriever (both re-ranking sources) at
+    their default settings, measured by :func:`~kunlunlab.retrieval.evaluation.compare_indexes` (the
+    comparison notebook 01 draws), after ``warmup_queries`` served queries distinct from the timed ones."""
+    from kunlunlab.retrieval.clustered import ClusterConfig
+    from kunlunlab.retrieval.evaluation import compare_indexes
 
-    build_threads = faiss.omp_get_max_threads()  # builds use every core; timing uses cfg.threads for all
     total_queries = cfg.queries + cfg.warmup_queries
     if cfg.mode == "world":
         vectors, queries = world_vectors(cfg.n, total_queries, cfg.embedder, cfg.seed)
@@ -96,44 +97,32 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     n, dim = vectors.shape
     print(f"[bench] {n} vectors of dim {dim}, {len(queries)} timed queries, {len(warmup)} warm-up", file=sys.stderr)
 
-    flat = FlatIndex(dim)
-    flat.add(vectors)
-    _, truth = flat.search(queries, cfg.k)
-    t0 = time.perf_counter()
-    cluster = ClusterRetriever(dim, ClusterConfig(seed=cfg.seed)).build(vectors)
-    cluster_build_s = time.perf_counter() - t0
-    print(f"[bench] cluster retriever built in {cluster_build_s:.1f}s: {cluster.build_seconds}", file=sys.stderr)
-    cluster_pq = ClusterRetriever(dim, ClusterConfig(seed=cfg.seed, rerank="pq")).build(vectors)
-    ivfpq = IVFPQIndex(dim, IVFPQConfig(nlist=cluster.nlist, m=cluster.config.pq_m, nprobe=cfg.ivfpq_nprobe))
-    ivfpq.add(vectors)
-
-    faiss.omp_set_num_threads(cfg.threads)
-    flat_ms, _ = time_per_query(flat.search, queries, cfg.k, cfg.repeats)
-    ivfpq_ms, ivfpq_rows = time_per_query(ivfpq.search, queries, cfg.k, cfg.repeats)
-
-    for index in (cluster, cluster_pq):
-        for start in range(0, len(warmup), 64):  # warm-up in batches: batch search is also exercised
-            index.search(warmup[start:start + 64], cfg.k)
-    cluster_ms, cluster_rows = time_per_query(cluster.search, queries, cfg.k, cfg.repeats)
-    cluster_pq_ms, cluster_pq_rows = time_per_query(cluster_pq.search, queries, cfg.k, cfg.repeats)
-    faiss.omp_set_num_threads(build_threads)
-
+    result = compare_indexes(vectors, queries, ("ivfpq", "cluster_pq"), k=cfg.k, threads=cfg.threads,
+                             repeats=cfg.repeats, nprobe_grid=(cfg.ivfpq_nprobe,),
+                             cluster_config=ClusterConfig(seed=cfg.seed), warmup=warmup)
+    cluster = result.indexes["cluster"]
+    print(f"[bench] cluster retriever built in {result.build_seconds['cluster']:.1f}s: {cluster.build_seconds}",
+          file=sys.stderr)
+    flat, ivfpq = result.row("flat"), result.row("ivfpq")
+    clustered, clustered_pq = result.row("cluster"), result.row("cluster_pq")
     return {
         "n_vectors": int(n), "dim": int(dim), "mode": cfg.mode, "threads": cfg.threads, "queries": len(queries), "repeats": cfg.repeats,
-        "flat_ms": round(flat_ms, 4), "ivfpq_ms": round(ivfpq_ms, 4), "cluster_ms": round(cluster_ms, 4),
-        "ivfpq_recall_at_10": round(recall_at_k(ivfpq_rows, truth), 4),
-        "cluster_recall_at_10": round(recall_at_k(cluster_rows, truth), 4),
-        "speedup_vs_flat": round(flat_ms / cluster_ms, 2),
-        "bytes_per_vector": round(cluster.bytes_per_vector(), 1),
-        "disk_bytes_per_vector": round(cluster.disk_bytes_per_vector(), 1),
-        "cluster_pq_ms": round(cluster_pq_ms, 4),
-        "cluster_pq_recall_at_10": round(recall_at_k(cluster_pq_rows, truth), 4),
-        "cluster_pq_speedup_vs_flat": round(flat_ms / cluster_pq_ms, 2),
-        "cluster_pq_bytes_per_vector": round(cluster_pq.bytes_per_vector(), 1),
-        "flat_bytes_per_vector": round(flat.bytes_per_vector(), 1),
-        "ivfpq_bytes_per_vector": round(ivfpq.bytes_per_vector(), 1),
-        "ivfpq_nprobe": cfg.ivfpq_nprobe, "nlist": cluster.nlist,
-        "cluster_temperature": round(cluster.temperature(), 4), "cluster_build_s": round(cluster_build_s, 1),
+        "flat_ms": round(flat.ms_per_query, 4), "ivfpq_ms": round(ivfpq.ms_per_query, 4),
+        "cluster_ms": round(clustered.ms_per_query, 4),
+        "ivfpq_recall_at_10": round(ivfpq.recall_at_k, 4),
+        "cluster_recall_at_10": round(clustered.recall_at_k, 4),
+        "speedup_vs_flat": round(flat.ms_per_query / clustered.ms_per_query, 2),
+        "bytes_per_vector": round(clustered.bytes_per_vector, 1),
+        "disk_bytes_per_vector": round(clustered.disk_bytes_per_vector, 1),
+        "cluster_pq_ms": round(clustered_pq.ms_per_query, 4),
+        "cluster_pq_recall_at_10": round(clustered_pq.recall_at_k, 4),
+        "cluster_pq_speedup_vs_flat": round(flat.ms_per_query / clustered_pq.ms_per_query, 2),
+        "cluster_pq_bytes_per_vector": round(clustered_pq.bytes_per_vector, 1),
+        "flat_bytes_per_vector": round(flat.bytes_per_vector, 1),
+        "ivfpq_bytes_per_vector": round(ivfpq.bytes_per_vector, 1),
+        "ivfpq_nprobe": int(ivfpq.value), "nlist": cluster.nlist,
+        "cluster_temperature": round(cluster.temperature(), 4),
+        "cluster_build_s": round(result.build_seconds["cluster"], 1),
     }
 
 

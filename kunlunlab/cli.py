@@ -18,24 +18,13 @@ from kunlunlab.data.types import Passage
 
 
 def load_corpus_arg(corpus: str, n: int, seed: int) -> list[Passage]:
-    """``world`` (the synthetic world at size n), a benchmark-name corpus, or a corpus file path."""
-    from kunlunlab.data.loaders import load_corpus
-    from kunlunlab.data.world import World
-    from kunlunlab.paths import shared_data_dir
+    """``--corpus``: see :func:`kunlunlab.data.loaders.load_named_corpus`; a bad name ends in one line."""
+    from kunlunlab.data.loaders import load_named_corpus
 
-    if corpus == "world":
-        return World.generate(n_passages=n, seed=seed).passages
-    named = {"hotpotqa_distractor": "hotpotqa/hotpot_dev_distractor_sample.json",
-             "2wiki": "2wikimultihopqa/corpus.json"}
-    if corpus in named:
-        root = shared_data_dir()
-        if root is None:
-            raise SystemExit(f"corpus {corpus!r} needs the benchmark data folder (KUNLUNLAB_DATA or ../shared/data)")
-        return load_corpus(root / named[corpus])
-    path = Path(corpus)
-    if not path.exists():
-        raise SystemExit(f"corpus {corpus!r} is neither 'world', one of {sorted(named)}, nor an existing file")
-    return load_corpus(path)
+    try:
+        return load_named_corpus(corpus, n, seed)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from err
 
 
 def cmd_build_index(args: argparse.Namespace) -> int:
@@ -77,32 +66,44 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
 def cmd_run_notebooks(args: argparse.Namespace) -> int:
     from kunlunlab.runner import load_params, run_notebooks
 
-    summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only, params=load_params(args.params))
+    summary = run_notebooks(out_dir=args.out, smoke=args.smoke, only=args.only, params=load_params(args.params),
+                            progress=not args.no_progress)
     print(json.dumps({"run_dir": summary["run_dir"], "ok": summary["ok"]}))
     return 0 if summary["ok"] else 1
 
 
 EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_total_tokens", "max_result_chars",
-                    "stie_rounds", "use_rdra", "use_stie")
+                    "stie_rounds", "use_rdra", "use_stie")   # named as in kunlunlab_agent.json
+EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "corpus", "index_kind", "embedder",
+                    "batch_size", "seed", "network_url", "router") + EVAL_AGENT_FLAGS
 
 
-def _eval_error(err: BaseException | str) -> int:
+def _fail(command: str, err: BaseException | str) -> int:
     """One line on stderr, no traceback: the user's input was wrong, not the program."""
-    print("kunlunlab eval: " + " ".join(str(err).split()), file=sys.stderr)
+    print(f"kunlunlab {command}: " + " ".join(str(err).split()), file=sys.stderr)
     return 2
 
 
-def eval_config_from_args(args: argparse.Namespace):
-    """The EvalConfig for ``kunlunlab eval``: explicit flag > the checkpoint's kunlunlab_agent.json >
-    EvalConfig default (the agent flags default to None so that "not given" is visible here)."""
-    from kunlunlab.eval.harness import EvalConfig, with_checkpoint_settings
+def _eval_error(err: BaseException | str) -> int:
+    return _fail("eval", err)
 
-    explicit = {k: getattr(args, k) for k in EVAL_AGENT_FLAGS if getattr(args, k) is not None}
-    config = EvalConfig(dataset=args.dataset, limit=args.limit, model=args.model, llm_url=args.llm_url,
-                        judge=args.judge, judge_url=args.judge_url, corpus=args.corpus, index_kind=args.index_kind,
-                        embedder=args.embedder, batch_size=args.batch_size, seed=args.seed,
-                        network_url=args.network_url, router=args.router, **explicit)
-    return with_checkpoint_settings(config, explicit=set(explicit))
+
+def eval_config_from_args(args: argparse.Namespace):
+    """The EvalConfig for ``kunlunlab eval``, one typed config like ``train``'s: explicit flag > ``--set`` >
+    ``--config`` file > the checkpoint's kunlunlab_agent.json > EvalConfig default (flags default to None so
+    that "not given" is visible here). Budget flags land in ``rollout`` (``--top-k`` is ``rollout.top_k``),
+    ``--stie-rounds`` in ``stie.max_rounds``."""
+    from kunlunlab.eval.harness import AGENT_SETTING_PATHS, EvalConfig, with_checkpoint_settings
+    from kunlunlab.configs import apply_overrides, build_dataclass, leaf_paths, read_config_file
+
+    values = read_config_file(args.config, "eval config") if args.config else {}
+    values = apply_overrides(values, list(args.set or []))
+    flags = {AGENT_SETTING_PATHS.get(k, k): getattr(args, k) for k in EVAL_FLAG_FIELDS if getattr(args, k) is not None}
+    values = apply_overrides(values, flags)
+    if "dataset" not in values:
+        raise ValueError("no dataset: pass --dataset or set dataset in --config")
+    config = build_dataclass(EvalConfig, values, "eval config")
+    return with_checkpoint_settings(config, explicit=leaf_paths(values))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -113,9 +114,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from kunlunlab.models import ModelNotAvailableError
     from kunlunlab.paths import new_run_dir
 
-    try:  # unknown method, malformed kunlunlab_agent.json, bad numbers
+    try:  # unknown method or key, malformed config file or kunlunlab_agent.json, bad numbers
         config = eval_config_from_args(args)
-    except ValueError as err:
+    except (FileNotFoundError, ValueError) as err:
         return _eval_error(err)
     try:  # unknown dataset or missing file, DataFormatError (a ValueError), missing benchmark data folder
         examples, passages = load_data(config)
@@ -151,20 +152,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     import logging
 
     from kunlunlab.paths import new_run_dir
-    from kunlunlab.training.config import apply_overrides, config_from_dict, load_config
-    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
+    from kunlunlab.training.pipeline import RunFolderConflict, run_config, train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    overrides = list(args.set or [])
     try:
-        config = load_config(args.config, overrides)
-        if args.smoke:
-            config = config_from_dict(apply_overrides(apply_overrides(config.to_dict(), SMOKE_OVERRIDES), overrides))
+        config = run_config(args.config, list(args.set or []), smoke=args.smoke)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"kunlunlab train: {err}")
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(name=time.strftime("train-%Y%m%d-%H%M%S"))
-    summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
+    try:
+        summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
+    except RunFolderConflict as err:
+        raise SystemExit(f"kunlunlab train: {err}")
     print(json.dumps({**summary, "run_dir": str(run_dir)}))
+    return 0
+
+
+def cmd_compare_runs(args: argparse.Namespace) -> int:
+    """Training ablations: finished training runs compared on the same held-out questions."""
+    from kunlunlab.runner import markdown_table
+    from kunlunlab.training.pipeline import compare_runs
+
+    runs = {}
+    for item in args.runs:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            return _fail("compare-runs", f"expected label=run_folder, got {item!r}")
+        runs[label] = folder
+    try:
+        header, rows = compare_runs(runs, reference=next(iter(runs)), dataset=args.dataset)
+    except (FileNotFoundError, ValueError) as err:
+        return _fail("compare-runs", err)
+    print("\n".join(markdown_table(header, rows)))
+    print(json.dumps({"dataset": args.dataset, "header": header, "rows": rows}))
     return 0
 
 
@@ -192,6 +212,11 @@ def cmd_train_router(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kunlunlab.agent.methods import METHODS  # the CLI's choices are the package's constants
+    from kunlunlab.retrieval.clustered import NLIST_METHODS
+    from kunlunlab.retrieval.retriever import INDEX_KINDS
+    from kunlunlab.training.pipeline import HELDOUT_FILES
+
     parser = argparse.ArgumentParser(prog="kunlunlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,10 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--corpus", default="world", help="'world', 'hotpotqa_distractor', '2wiki' or a corpus file")
     b.add_argument("--n", type=int, default=20_000, help="passages, for the synthetic world")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--kind", default="cluster", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
+    b.add_argument("--kind", default="cluster", choices=INDEX_KINDS)
     b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
     b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
-    b.add_argument("--nlist-method", default="sqrt", choices=["sqrt", "elbow", "silhouette"],
+    b.add_argument("--nlist-method", default="sqrt", choices=NLIST_METHODS,
                    help="cluster retriever with --nlist 0: 2*sqrt(n), or chosen by the elbow of k-means inertia or "
                         "the best silhouette on a sample (paper §3.1.1)")
     b.add_argument("--pq-m", type=int, default=48, help="bytes of scan code per vector")
@@ -227,10 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_serve_llm)
 
     e = sub.add_parser("eval", help="run one method over one dataset; JSON summary as the last line")
-    e.add_argument("--dataset", required=True, help="'world', a benchmark name or a QA file in any supported layout")
+    e.add_argument("--config", default=None, help="JSON of EvalConfig fields (experiments/configs/eval/); flags and "
+                   "--set override it")
+    e.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="EvalConfig overrides, e.g. "
+                   "rdra.background_k=2 stie.max_rounds=3 rollout.max_searches=4")
+    e.add_argument("--dataset", default=None, help="'world', a benchmark name or a QA file in any supported layout")
     ckpt = " (default: the checkpoint's kunlunlab_agent.json, else %s)"
-    e.add_argument("--method", default=None, help="naive_gen, naive_rag, iter_retgen, ircot, search_o1, agent, kunlun"
-                   + ckpt % "kunlun")
+    e.add_argument("--method", default=None, help=", ".join(METHODS) + ckpt % "kunlun")
     e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
     e.add_argument("--model", default=None, help="LLM hub id, local path or trained checkpoint folder "
                    "(default: embedded SmolLM2)")
@@ -243,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OpenAI-compatible server of the judge, e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct "
                         "--port 8002` then --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct")
     e.add_argument("--corpus", default=None, help="corpus file (default: the dataset's own closed corpus)")
-    e.add_argument("--index-kind", default="flat", choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"])
+    e.add_argument("--index-kind", default=None, choices=INDEX_KINDS, help="retrieval index (default flat)")
     e.add_argument("--embedder", default=None)
-    e.add_argument("--batch-size", type=int, default=8)
+    e.add_argument("--batch-size", type=int, default=None, help="questions per generation batch (default 8)")
     e.add_argument("--top-k", type=int, default=None, help="passages per search" + ckpt % "3")
     e.add_argument("--max-searches", type=int, default=None, help="searches per question" + ckpt % "8")
     e.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn" + ckpt % "256")
@@ -258,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kunlun without the RDRA background step (ablation)")
     e.add_argument("--no-stie", dest="use_stie", action="store_false", default=None,
                    help="kunlun without STIE over answer rounds (ablation)")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=int, default=None, help="world and sampling seed (default 0)")
     e.add_argument("--network-url", default=None, help="retrieval service used as NLR's network tier")
     e.add_argument("--router", default=None, help="trained NLR policy file (default: query both tiers)")
     e.add_argument("--out", default=None, help="JSONL file, one record per question (default: records.jsonl "
@@ -279,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--seed", type=int, default=None, help="world seed, as eval --seed (default 0)")
     n.add_argument("--local-fraction", type=float, default=None, help="share of the world in the local index (default 0.5)")
     n.add_argument("--added-latency-ms", type=float, default=None, help="network tier's extra latency (default 150)")
-    n.add_argument("--index-kind", default=None, choices=["flat", "ivfpq", "hnsw", "cluster", "bm25"],
+    n.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
                    help="both tiers' index; use the eval's --index-kind (default bm25)")
     n.add_argument("--embedder", default=None)
     n.add_argument("--top-k", type=int, default=None, help="as eval --top-k (default 3)")
@@ -291,11 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--out", required=True, help="policy file for eval --router")
     n.set_defaults(func=cmd_train_router)
 
+    c = sub.add_parser("compare-runs", help="training ablations: training runs' EM on the same held-out questions, "
+                                            "each against the first with a paired-bootstrap interval")
+    c.add_argument("runs", nargs="+", help="label=run_folder (kunlunlab train --run-dir); the first is the reference")
+    c.add_argument("--dataset", default="world", choices=sorted(HELDOUT_FILES))
+    c.set_defaults(func=cmd_compare_runs)
+
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")
     r.add_argument("--smoke", action="store_true", help="tiny parameters, as in the test suite")
     r.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01")
     r.add_argument("--params", default=None, help="JSON of notebook name -> parameters (experiments/configs/)")
+    r.add_argument("--no-progress", action="store_true", help="no per-cell progress bar (papermill's)")
     r.set_defaults(func=cmd_run_notebooks)
     return parser
 

@@ -31,3 +31,21 @@ def new_run_dir(base: str | Path | None = None, name: str | None = None) -> Path
     run = base / (name or time.strftime("%Y%m%d-%H%M%S"))
     run.mkdir(parents=True, exist_ok=True)
     return run
+
+
+def notebook_run_dir(run_dir: str | Path | None, notebook: str) -> Path:
+    """The folder a notebook writes into: ``run_dir`` when given (``make run`` passes one), else a new
+    ``experiments/runs/<timestamp>-<notebook>`` folder, so two interactive runs never share one and nothing
+    lands in ``notebooks/``."""
+    if run_dir:
+        path = Path(run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = PROJECT_ROOT / "experiments" / "runs"
+    path, n = base / f"{stamp}-{notebook}", 1
+    while path.exists():
+        n += 1
+        path = base / f"{stamp}-{notebook}-{n}"
+    path.mkdir(parents=True)
+    return path

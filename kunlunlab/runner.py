@@ -1,7 +1,11 @@
 """Runs the notebook series headlessly with papermill (what `make run` does).
 
-Each notebook gets ``run_dir`` (its own folder inside the run) and ``smoke`` as parameters, writes its
-figures and a ``metrics.json`` there; the runner gathers those into ``summary.json``/``summary.md``.
+The runner executes the notebooks' jupytext sources (``notebooks/NN_name.py``, what a user edits; the paired
+``.ipynb`` is kept in step by jupytext and checked by the tests). Each notebook gets ``run_dir`` (its own
+folder inside the run) and ``smoke`` as parameters and writes its figures and a ``metrics.json`` there; the
+run folder also receives the executed notebook and a static HTML rendering of it (every plotly figure
+embedded), and the runner gathers the metrics into ``summary.json``/``summary.md``. Nothing is written into
+``notebooks/``.
 """
 from __future__ import annotations
 
@@ -15,27 +19,75 @@ NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
-    found = sorted(p for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    """The series in order: each notebook's jupytext source (``.py``), or its ``.ipynb`` where it has none."""
+    sources = {p.stem: p for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")}
+    sources.update({p.stem: p for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.py")})
+    found = [sources[stem] for stem in sorted(sources)]
     if only:
         found = [p for p in found if any(p.name.startswith(prefix) for prefix in only)]
     return found
 
 
-def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | None = None) -> dict:
+def read_notebook(path: Path):
+    """The notebook as nbformat reads it, from a jupytext source (``.py``) or an ``.ipynb``."""
+    import jupytext
+
+    return jupytext.read(path)
+
+
+def pairing_problems(directory: Path | None = None) -> list[str]:
+    """What is wrong with the notebook pairs in ``directory``: a ``.py`` source without its ``.ipynb``, a pair
+    whose cells differ (one side edited without jupytext), or a committed ``.ipynb`` carrying outputs."""
+    import nbformat
+
+    problems = []
+    for source in sorted(Path(directory or NOTEBOOK_DIR).glob("[0-9][0-9]_*.py")):
+        paired = source.with_suffix(".ipynb")
+        if not paired.is_file():
+            problems.append(f"{source.name}: no paired {paired.name} (run `jupytext --sync {source}`)")
+            continue
+        nb = nbformat.read(paired, as_version=4)
+        if [(c.cell_type, c.source) for c in nb.cells] != [(c.cell_type, c.source) for c in read_notebook(source).cells]:
+            problems.append(f"{paired.name} is out of step with {source.name} (run `jupytext --sync {source}`)")
+        if any(c.get("outputs") or c.get("execution_count") is not None for c in nb.cells if c.cell_type == "code"):
+            problems.append(f"{paired.name} carries outputs (clear them; executed copies belong in run folders)")
+    return problems
+
+
+def render_html(executed: Path) -> Path:
+    """A static HTML page of an executed notebook (outputs included), beside it."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(executed))
+    out = executed.with_suffix(".html")
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | None = None,
+                 progress: bool = False) -> dict:
+    """Executes one notebook into ``run_dir/<stem>.ipynb`` (+ ``.html``); its own outputs go to ``run_dir/<stem>/``.
+    ``progress`` shows papermill's per-cell progress bar and streams what the cells print (the training
+    stages' progress lines, for example) to this process's stdout as it happens."""
+    import sys
+
     import papermill as pm
 
     out_dir = run_dir / path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     params = {"run_dir": str(out_dir), "smoke": smoke, **(extra or {})}
+    executed = run_dir / f"{path.stem}.ipynb"
     start = time.perf_counter()
-    record = {"notebook": path.name, "executed": str(run_dir / path.name)}
+    record = {"notebook": path.stem, "source": path.name, "executed": str(executed)}
     try:
-        pm.execute_notebook(str(path), str(run_dir / path.name), parameters=params, cwd=str(path.parent),
-                            kernel_name="python3", progress_bar=False)
+        pm.execute_notebook(read_notebook(path), str(executed), parameters=params, cwd=str(path.parent),
+                            kernel_name="python3", progress_bar=progress, stdout_file=sys.stdout if progress else None)
         record["ok"] = True
     except pm.PapermillExecutionError as err:
         record.update(ok=False, error=f"{err.ename}: {err.evalue}", cell=err.exec_count)
     record["seconds"] = round(time.perf_counter() - start, 1)
+    if executed.is_file():  # a failed notebook is rendered too: the page shows where it stopped
+        record["html"] = str(render_html(executed))
     metrics = out_dir / "metrics.json"
     record["metrics"] = json.loads(metrics.read_text()) if metrics.is_file() else None
     return record
@@ -68,30 +120,40 @@ def markdown_table(header: list, rows: list[list]) -> list[str]:
 
 
 TRAINING_NOTEBOOK = "04_training"
-USES_TRAINED_MODEL = ("05_stie_tuning", "06_evaluation")
+USES_TRAINED_MODEL = ("05_stie_tuning", "06_evaluation")   # get notebook 04's final model as `model`
+USES_TRAINING_RUN = ("07_process_rewards",)                # get notebook 04's run folder as `ref_run`
 
 
 def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None,
-                  params: dict[str, dict] | None = None) -> dict:
+                  params: dict[str, dict] | None = None, progress: bool = False) -> dict:
     """Runs the series in order. Once notebook 04 has trained a model, notebooks 05 and 06 get it as their
-    ``model`` parameter (unless ``params`` names one), so the series studies the trained agent."""
+    ``model`` parameter and notebook 07 its run folder as ``ref_run`` (unless ``params`` names them), so the
+    series studies the trained agent and compares the other recipes from the same SFT checkpoint."""
     from kunlunlab.training.pipeline import trained_model
 
     run_dir = Path(out_dir) if out_dir else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     trained: Path | None = None
-    for path in notebooks(only):
-        print(f"[run] {path.name} ...", flush=True)
+    series = notebooks(only)
+    for problem in pairing_problems():  # the runner executes the .py sources either way
+        print(f"[run] warning: {problem}", flush=True)
+    started = time.perf_counter()
+    for number, path in enumerate(series, 1):
+        print(f"[run] {number}/{len(series)} {path.stem} (source {path.name}; {time.perf_counter() - started:.0f} s "
+              f"elapsed) ...", flush=True)
         extra = dict((params or {}).get(path.stem, {}))
         if trained is not None and path.stem in USES_TRAINED_MODEL and "model" not in extra:
             extra["model"] = str(trained)
             print(f"[run] {path.name}: model = {trained} (trained by {TRAINING_NOTEBOOK})", flush=True)
-        record = run_notebook(path, run_dir, smoke=smoke, extra=extra)
+        if trained is not None and path.stem in USES_TRAINING_RUN and "ref_run" not in extra:
+            extra["ref_run"] = str(run_dir / TRAINING_NOTEBOOK)
+            print(f"[run] {path.name}: ref_run = {extra['ref_run']}", flush=True)
+        record = run_notebook(path, run_dir, smoke=smoke, extra=extra, progress=progress)
         if path.stem == TRAINING_NOTEBOOK and record["ok"]:
             trained = trained_model(run_dir / path.stem)
-        print(f"[run] {path.name}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']}s)",
-              flush=True)
+        print(f"[run] {path.stem}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']} s; "
+              f"executed copy {record['executed']})", flush=True)
         records.append(record)
     summary = {"run_dir": str(run_dir), "smoke": smoke, "ok": all(r["ok"] for r in records) and bool(records),
                "notebooks": records}

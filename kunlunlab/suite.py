@@ -157,7 +157,7 @@ def _nlr_rows(cfg: SuiteConfig, base, passages, examples, out_dir: Path, variant
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
     router_cfg = RouterTrainConfig(world_passages=train_cfg.world_passages, seed=train_cfg.world_seed,
-                                   index_kind=cfg.index_kind, embedder=base.embedder, top_k=base.top_k,
+                                   index_kind=cfg.index_kind, embedder=base.embedder, top_k=base.rollout.top_k,
                                    added_latency_ms=cfg.nlr_latency_ms)
     t0 = time.perf_counter()
     _, training = train_router(router_cfg, out_dir / "router.pt", local_corpus_out=out_dir / "local_half.jsonl")

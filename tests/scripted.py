@@ -65,3 +65,59 @@ def interleaved(model_ids: list[list[int]], env_ids: list[list[int]]) -> tuple[l
             ids += env_ids[k]
             mask += [0] * len(env_ids[k])
     return ids, mask
+
+
+class CharTokenizer:
+    """One id per character (its code point): exact and invertible, no model files. Enough for the engine, the
+    protocol parser and the MCTS tests."""
+
+    eos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+class PrefixScriptedBackend:
+    """Each generated turn is ``script(text_so_far, row)``: a function of the row's whole context (prompt, turns
+    and appended blocks, decoded) and its row index in the session. Records the prompts of every ``open`` call
+    (``opened``) and counts ``generate`` calls, so tests can check what a caller resumed from and how it batched."""
+
+    name = "prefix-scripted"
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+        self.opened, self.generate_calls = [], 0
+
+    def open(self, prompts, sampling=None):
+        outer = self
+        ids = {i: list(p) for i, p in enumerate(prompts)}
+        outer.opened.append([list(p) for p in prompts])
+
+        class Session:
+            def generate(self, rows, max_new_tokens, stop=()):
+                outer.generate_calls += 1
+                out = {}
+                for r in rows:
+                    toks = text_ids(outer.tokenizer, outer.script(outer.tokenizer.decode(ids[r]), r))
+                    limit = max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens
+                    finish = "length" if len(toks) > limit else "stop"
+                    toks = toks[:limit]
+                    ids[r].extend(toks)
+                    out[r] = Segment(toks, [-0.5] * len(toks), outer.tokenizer.decode(toks), finish)
+                return out
+
+            def append(self, tokens):
+                for r, toks in tokens.items():
+                    ids[r].extend(toks)
+
+            def release(self, rows):
+                pass
+
+        return Session()

@@ -63,11 +63,36 @@ def test_eval_flags_beat_checkpoint_settings_beat_defaults(tmp_path):
     args = build_parser().parse_args(["eval", "--dataset", "world", "--model", str(tmp_path), "--top-k", "5",
                                       "--no-stie", "--no-rdra"])
     config = eval_config_from_args(args)
-    assert (config.method, config.top_k, config.stie_rounds, config.max_searches) == ("agent", 5, 4, 3)
+    r = config.rollout
+    assert (config.method, r.top_k, config.stie.max_rounds, r.max_searches) == ("agent", 5, 4, 3)
     assert config.use_stie is False and config.use_rdra is False  # flags win over the saved use_stie=True
-    assert config.max_turn_tokens == 256 and config.judge is None  # neither given nor saved: defaults
+    assert r.max_turn_tokens == 256 and config.judge is None  # neither given nor saved: defaults
     plain = eval_config_from_args(build_parser().parse_args(["eval", "--dataset", "world", "--stie-rounds", "2"]))
-    assert (plain.method, plain.top_k, plain.stie_rounds, plain.use_rdra) == ("kunlun", 3, 2, True)
+    assert (plain.method, plain.rollout.top_k, plain.stie.max_rounds, plain.use_rdra) == ("kunlun", 3, 2, True)
+
+
+def test_eval_config_file_and_set_sit_between_flags_and_checkpoint(tmp_path, capsys):
+    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"method": "agent", "top_k": 1, "max_searches": 3}))
+    cfg_file = tmp_path / "eval.json"
+    cfg_file.write_text(json.dumps({"_comment": "x", "dataset": "world", "limit": 7, "rollout": {"top_k": 2},
+                                    "rdra": {"background_k": 4}, "index_kind": "bm25"}))
+    args = build_parser().parse_args(["eval", "--config", str(cfg_file), "--model", str(tmp_path),
+                                      "--set", "rdra.plan_k=3", "limit=9", "--top-k", "6"])
+    config = eval_config_from_args(args)
+    assert (config.dataset, config.limit, config.index_kind) == ("world", 9, "bm25")  # --set beats the file
+    assert config.rollout.top_k == 6                             # the flag beats the file and the checkpoint
+    assert (config.method, config.rollout.max_searches) == ("agent", 3)  # not in the file: the checkpoint's
+    assert (config.rdra.background_k, config.rdra.plan_k) == (4, 3)
+    shipped = build_parser().parse_args(["eval", "--config", "experiments/configs/eval/world_kunlun.json"])
+    assert eval_config_from_args(shipped).rdra.max_docs == 3
+    cfg_file.write_text(json.dumps({"dataset": "world", "top_k": 2}))  # a rollout field at the top level
+    assert main(["eval", "--config", str(cfg_file)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kunlunlab eval: ") and "unknown keys ['top_k']" in err and "\n" not in err
+    assert main(["eval", "--config", str(tmp_path / "missing.json")]) == 2
+    assert "eval config not found" in capsys.readouterr().err
+    assert main(["eval", "--method", "kunlun"]) == 2
+    assert "no dataset" in capsys.readouterr().err
 
 
 def test_eval_without_out_writes_a_new_run_folder(tmp_path, monkeypatch, capsys):

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
                                     load_agent_settings, make_judge_backend, router_summary, summarize,
@@ -115,17 +116,18 @@ def test_self_judging_is_labelled(backend, world, questions, tmp_path):
 
 
 # ---------------------------------------------------------------------------- ablations
-def test_stie_rounds_default_follows_stie_config():
-    assert EvalConfig().stie_rounds == STIEConfig().max_rounds
-    with pytest.raises(ValueError, match="stie_rounds"):
-        EvalConfig(stie_rounds=0)
+def test_eval_config_holds_the_agents_own_configs():
+    assert EvalConfig().stie == STIEConfig() and EvalConfig().rollout == RolloutConfig()
+    with pytest.raises(ValueError):
+        EvalConfig(stie=STIEConfig(max_rounds=0))
     with pytest.raises(ValueError, match="unknown method 'magic'"):
         EvalConfig(method="magic")
 
 
 def test_ablation_switches_reach_the_method(world):
     fake_backend = SimpleNamespace(name="fake", tokenizer=None)  # the method is built, never run
-    config = EvalConfig(method="kunlun", index_kind="bm25", use_rdra=False, use_stie=False, stie_rounds=4, top_k=2)
+    config = EvalConfig(method="kunlun", index_kind="bm25", use_rdra=False, use_stie=False,
+                        stie=STIEConfig(max_rounds=4), rollout=RolloutConfig(top_k=2))
     method, _, backend = build_pipeline(config, world.passages[:50], fake_backend)
     assert backend is fake_backend
     mc = method.config
@@ -150,13 +152,16 @@ def test_agent_settings_load_and_resolve(tmp_path):
     saved = {"method": "agent", "top_k": 1, "max_turn_tokens": 160, "stie_rounds": 4, "use_rdra": False}
     ckpt = _checkpoint(tmp_path, saved)
     assert load_agent_settings(ckpt) == saved
-    config = EvalConfig.for_checkpoint(ckpt, top_k=5, limit=3)
+    config = EvalConfig.for_checkpoint(ckpt, rollout={"top_k": 5}, limit=3)
     assert config.model == ckpt and config.limit == 3
-    assert config.top_k == 5                        # explicit beats the checkpoint
-    assert (config.method, config.max_turn_tokens, config.stie_rounds, config.use_rdra) == ("agent", 160, 4, False)
-    assert config.max_searches == 8 and config.use_stie is True  # neither given nor saved: EvalConfig default
+    assert config.rollout.top_k == 5                # explicit beats the checkpoint ...
+    assert config.rollout.max_turn_tokens == 160     # ... and a partial override keeps the checkpoint's others
+    assert (config.method, config.stie.max_rounds, config.use_rdra) == ("agent", 4, False)
+    assert config.rollout.max_searches == 8 and config.use_stie is True  # neither given nor saved: the default
     kept = with_checkpoint_settings(EvalConfig(model=ckpt, method="naive_rag"), explicit={"method"})
-    assert kept.method == "naive_rag" and kept.top_k == 1
+    assert kept.method == "naive_rag" and kept.rollout.top_k == 1
+    whole = EvalConfig.for_checkpoint(ckpt, stie=STIEConfig(max_rounds=2))  # a dataclass replaces all of STIE
+    assert whole.stie.max_rounds == 2 and whole.rollout.top_k == 1
 
 
 @pytest.mark.parametrize("content,match", [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"),

@@ -22,3 +22,42 @@ def test_data_imports_nothing_from_higher_layers():
     data = Path(kunlunlab.__file__).parent / "data"
     offending = {f"{p.name}: {m}" for p in data.glob("*.py") for m in imported_modules(p) if m.startswith(ABOVE_DATA)}
     assert not offending, sorted(offending)
+
+
+# The layers of the package, bottom up: a module imports only from its own layer or the ones below
+# (training and eval share a layer; training may evaluate, eval never trains).
+LAYERS = {"kunlunlab.paths": 0, "kunlunlab.models": 0, "kunlunlab.data": 1, "kunlunlab.retrieval": 2,
+          "kunlunlab.agent": 3, "kunlunlab.eval": 4, "kunlunlab.training": 4, "kunlunlab.suite": 5,
+          "kunlunlab.viz": 6, "kunlunlab.bench": 7, "kunlunlab.runner": 7, "kunlunlab.cli": 8}
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    for prefix, rank in sorted(LAYERS.items(), key=lambda kv: -len(kv[0])):
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, rank
+    return None
+
+
+def test_no_module_imports_from_a_higher_layer():
+    root = Path(kunlunlab.__file__).parent
+    offending = []
+    for path in root.rglob("*.py"):
+        module = "kunlunlab." + ".".join(path.relative_to(root).with_suffix("").parts).replace(".__init__", "")
+        own = layer_of(module)
+        if own is None:
+            continue
+        for name in imported_modules(path):
+            other = layer_of(name)
+            if other and other[1] > own[1]:
+                offending.append(f"{module} imports {name}")
+            if own[0] == "kunlunlab.eval" and other and other[0] == "kunlunlab.training":
+                offending.append(f"{module} imports {name} (eval must not depend on training)")
+    assert not offending, sorted(offending)
+
+
+def test_notebooks_and_apps_do_not_import_the_cli():
+    sources = [*Path(kunlunlab.__file__).parent.parent.glob("notebooks/*.py"),
+               *Path(kunlunlab.__file__).parent.parent.glob("apps/*.py")]
+    assert sources
+    offending = [f"{p.name}: {m}" for p in sources for m in imported_modules(p) if m.startswith("kunlunlab.cli")]
+    assert not offending, offending

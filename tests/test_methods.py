@@ -6,6 +6,8 @@ import sys
 import pytest
 
 from kunlunlab.agent.methods import METHODS
+from kunlunlab.agent.rollout import RolloutConfig
+from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.eval.harness import EvalConfig, evaluate
 from kunlunlab.eval.judge import LLMJudge
 
@@ -14,8 +16,8 @@ SUMMARY_KEYS = {"n", "em", "f1", "acc", "lj", "searches_per_question", "seconds_
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_method_end_to_end_on_world_questions(method, backend, world, questions, tmp_path):
-    config = EvalConfig(dataset="world", method=method, limit=2, index_kind="bm25", max_total_tokens=160,
-                        stie_rounds=2, judge="same")
+    config = EvalConfig(dataset="world", method=method, limit=2, index_kind="bm25",
+                        rollout=RolloutConfig(max_total_tokens=160), stie=STIEConfig(max_rounds=2), judge="same")
     summary = evaluate(config, tmp_path / "out.jsonl", backend=backend, examples=questions[:2],
                        passages=world.passages)
     assert SUMMARY_KEYS <= set(summary) and summary["n"] == 2 and summary["method"] == method

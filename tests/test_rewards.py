@@ -79,3 +79,16 @@ def test_invalid_reward_config_is_rejected():
         RewardConfig(accuracy="bleu")
     with pytest.raises(ValueError, match="overlong_buffer"):
         RewardConfig(overlong_max_tokens=10, overlong_buffer=20)
+
+
+def test_r_short_only_ablation_scores_every_answer_by_eq17():
+    """``dual_mode=False`` (the "R_short only" training ablation): a long answer loses eq. 18's structure
+    penalty and its length is judged as a short answer's, so a box-only long answer totals as the short one."""
+    cfg = RewardConfig(w_format=0.3, w_length=0.2, w_accuracy=1.5, w_structure=0.7, dual_mode=False)
+    by_name = {c["name"]: c for c in REWARD_CASES}
+    box_only = score(by_name["long answer, box only"]["text"], by_name["long answer, box only"]["golds"], cfg)
+    assert box_only.mode == "long" and box_only.structure is None
+    assert math.isclose(box_only.total, 0.3 * 1 + 0.2 * 1 + 1.5 * 1)  # dual mode: 0.3 + 0 + 1.5 - 0.7 * 0.25
+    fns = reward_functions(cfg)
+    text = by_name["long answer, box only"]["text"]
+    assert fns[3](["q"], [text]) == [None] and fns[1](["q"], [text]) == [1.0]

@@ -35,3 +35,29 @@ def test_experiment_configs_name_real_notebooks_and_bad_files_are_clear(tmp_path
     bad.write_text("{oops")
     with pytest.raises(ValueError, match="cannot read notebook parameters"):
         runner.load_params(bad)
+
+
+def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks(tmp_path, monkeypatch):
+    """After 04 trains, 05/06 get its final model as ``model`` and 07 its run folder as ``ref_run``."""
+    import nbformat
+
+    def write(name, body, params="run_dir = None\nsmoke = False\nmodel = None\nref_run = None"):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
+        nb.cells[0].metadata["tags"] = ["parameters"]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
+
+    (tmp_path / "nbs").mkdir()
+    write("04_training", "from pathlib import Path\nfinal = Path(run_dir) / 'dapo' / 'final'\n"
+                         "final.mkdir(parents=True)\n(final / 'config.json').write_text('{}')")
+    report = "import json\nfrom pathlib import Path\n" \
+             "(Path(run_dir) / 'metrics.json').write_text(json.dumps({'model': model, 'ref_run': ref_run}))"
+    for name in ("05_stie_tuning", "07_process_rewards"):
+        write(name, report)
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    assert summary["ok"], summary
+    got = {r["notebook"]: r["metrics"] for r in summary["notebooks"] if r["metrics"]}
+    assert got["05_stie_tuning"] == {"model": str(tmp_path / "run" / "04_training" / "dapo" / "final"), "ref_run": None}
+    assert got["07_process_rewards"]["ref_run"] == str(tmp_path / "run" / "04_training")

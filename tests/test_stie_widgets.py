@@ -142,3 +142,19 @@ def test_validate_tunes_on_even_indices_and_reports_the_odd_ones():
     assert result["heldout_half"] == {"default": {"em": 0.0, "rounds": 2.0, "n": 2},
                                       "tuned": {"em": 0.0, "rounds": 2.0, "n": 2}}
     assert "alternating" in result["split"]
+
+
+@pytest.mark.parametrize("name", list(FIXTURE))
+def test_the_tuner_widget_slider_of_each_control_changes_its_readout(name):
+    """Notebook 05's widget (``kunlunlab.viz.apps.stie_tuner``): setting the slider itself re-scores."""
+    from kunlunlab.agent.stie_tuning import format_readout
+    from kunlunlab.viz.apps import stie_tuner
+
+    case, moved, before, after = FIXTURE[name]
+    tuner = stie_tuner({"case": [case]})
+    assert set(tuner.sliders) == set(CONTROLS)
+    assert tuner.readouts() == {"case": expected(**before)}
+    tuner.sliders[name].value = moved
+    assert tuner.sliders[name].value == moved and getattr(tuner.config, name) == moved
+    assert tuner.readouts() == {"case": expected(**after)}
+    assert f"case: {format_readout(expected(**after))}" in tuner.readout.value.replace("&#x27;", "'")

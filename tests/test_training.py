@@ -139,6 +139,13 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch)
     rollouts = [json.loads(line) for line in (tmp_path / "dapo_rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {0, 1}
 
+    # the same folder with another config is refused (it would hand back this run's models), not resumed
+    saved = (tmp_path / "train_config.json").read_text()
+    with pytest.raises(SystemExit, match=r"holds a training run of another config \(differs in \['sft'\]"):
+        main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
+              "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "sft.learning_rate=1e-4"])
+    assert (tmp_path / "train_config.json").read_text() == saved
+
 
 def test_config_file_and_overrides_are_validated(tmp_path):
     cfg = load_config("experiments/configs/training/train_embedded_cpu.json", ["sft.learning_rate=3e-5", "mixing.epochs=5"])

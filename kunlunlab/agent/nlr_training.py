@@ -43,7 +43,7 @@ class RouterTrainConfig:
     added_latency_ms: float = 150.0     # the network tier's extra latency per request
     index_kind: str = "bm25"            # both tiers; use the eval's --index-kind (the score feature depends on it)
     embedder: str | None = None         # for the dense kinds
-    top_k: int = 3                      # as EvalConfig.top_k
+    top_k: int = 3                      # as EvalConfig.rollout.top_k
     heldout_fraction: float = 0.2       # questions kept out of training, reported separately
     outage_fraction: float = 0.25       # training rows copied as outage states (module docstring)
     exclude_eval_questions: int = 200   # drop training questions among the eval harness's first N

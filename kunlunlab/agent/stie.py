@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from kunlunlab.eval.metrics import normalize_answer
+from kunlunlab.data.answers import normalize_answer
 
 Difference = Literal["complement", "added_share"]
 LAGS = 3  # eq. (8): δ1..δ3; eq. (13i) averages over the same lags

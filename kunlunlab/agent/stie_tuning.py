@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from kunlunlab.agent.stie import RoundInput, STIEConfig, replay
-from kunlunlab.eval.metrics import exact_match
+from kunlunlab.data.answers import exact_match
 
 Case = tuple[list[str], list[RoundInput]]  # (gold answers, rounds)
 

@@ -212,3 +212,27 @@ def corpus_from_examples(examples: list[QAExample]) -> list[Passage]:
         for para in ex.context:
             seen.setdefault(para.id, para)
     return list(seen.values())
+
+
+NAMED_CORPORA = {"hotpotqa_distractor": "hotpotqa/hotpot_dev_distractor_sample.json", "2wiki": "2wikimultihopqa/corpus.json"}
+
+
+def load_named_corpus(corpus: str, n: int = 2000, seed: int = 0) -> list[Passage]:
+    """``world`` (the synthetic world with ``n`` passages), a named benchmark corpus (``NAMED_CORPORA``, from
+    the benchmark data folder) or a corpus file in any supported layout: what ``kunlunlab build-index
+    --corpus`` and notebook 01 accept."""
+    from kunlunlab.data.world import World
+    from kunlunlab.paths import shared_data_dir
+
+    if corpus == "world":
+        return World.generate(n_passages=n, seed=seed).passages
+    if corpus in NAMED_CORPORA:
+        root = shared_data_dir()
+        if root is None:
+            raise FileNotFoundError(f"corpus {corpus!r} needs the benchmark data folder (KUNLUNLAB_DATA or ../shared/data)")
+        return load_corpus(root / NAMED_CORPORA[corpus])
+    path = Path(corpus)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus {corpus!r} is neither 'world', one of {sorted(NAMED_CORPORA)}, nor an "
+                                "existing file")
+    return load_corpus(path)

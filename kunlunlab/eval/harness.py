@@ -47,6 +47,7 @@ did not set a value explicitly: explicit value > checkpoint settings > ``EvalCon
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -54,7 +55,9 @@ from pathlib import Path
 from typing import Collection
 
 from kunlunlab.agent.methods import METHODS
+from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.agent.rdra import RDRAConfig
+from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
@@ -68,9 +71,12 @@ AGENT_SETTING_TYPES: dict[str, type] = {
     "max_searches": int, "stie_rounds": int, "use_rdra": bool, "use_stie": bool, "rdra": dict}
 
 
-def _default_stie_rounds() -> int:
-    """STIE's own default round budget, read from the dataclass so the two never drift apart."""
-    return STIEConfig().max_rounds
+# Where each key of kunlunlab_agent.json lands in EvalConfig (the file keeps its flat, documented keys).
+AGENT_SETTING_PATHS: dict[str, str] = {
+    "method": "method", "use_rdra": "use_rdra", "use_stie": "use_stie", "rdra": "rdra",
+    "top_k": "rollout.top_k", "max_result_chars": "rollout.max_result_chars",
+    "max_turn_tokens": "rollout.max_turn_tokens", "max_total_tokens": "rollout.max_total_tokens",
+    "max_searches": "rollout.max_searches", "stie_rounds": "stie.max_rounds"}
 
 
 @dataclass
@@ -86,17 +92,15 @@ class EvalConfig:
     index_kind: str = "flat"
     embedder: str | None = None
     batch_size: int = 8
-    top_k: int = 3
     world_passages: int = 2000
     seed: int = 0
-    max_searches: int = 8
-    max_total_tokens: int = 768
-    max_turn_tokens: int = 256
-    max_result_chars: int = 600
+    # the agent's budgets (searches, tokens per turn and per trajectory, passages per search, characters per
+    # passage) and STIE's thresholds and round budget: the agent's own configs, not copies of their fields
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    stie: STIEConfig = field(default_factory=STIEConfig)
     use_rdra: bool = True           # kunlun only: the RDRA background step (off: an ablation)
     use_stie: bool = True           # kunlun only: STIE over answer rounds (off: an ablation)
     rdra: RDRAConfig = field(default_factory=RDRAConfig)  # kunlun only: RDRA's retrieval and planning sizes
-    stie_rounds: int = field(default_factory=_default_stie_rounds)
     stie_collect: bool = False      # generate every STIE round (no early stop), to tune STIE on cached rounds
     network_url: str | None = None  # retrieval service for NLR's network tier
     router: str | None = None       # a trained NLR policy (RoutingPolicy.save); without one: "both"
@@ -110,16 +114,18 @@ class EvalConfig:
             raise ValueError(f"limit must be positive, got {self.limit}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        if self.stie_rounds < 1:
-            raise ValueError(f"stie_rounds must be at least 1, got {self.stie_rounds}")
         if self.judge_url and self.judge in (None, SELF_JUDGE):
             raise ValueError("judge_url needs judge: the served judge model's name (a hub id or path whose "
                              "tokenizer loads here)")
 
     @classmethod
     def for_checkpoint(cls, model: str, **overrides) -> "EvalConfig":
-        """A config for a trained checkpoint: its ``kunlunlab_agent.json`` settings, then ``overrides``."""
-        return with_checkpoint_settings(cls(model=model, **overrides), explicit=set(overrides))
+        """A config for a trained checkpoint: its ``kunlunlab_agent.json`` settings, then ``overrides``.
+        A sub-config override may be partial: ``rollout={"top_k": 5}`` overrides ``top_k`` and keeps the
+        checkpoint's other budgets; a dataclass (``stie=STIEConfig(...)``) replaces all of it."""
+        values = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in overrides.items()}
+        config = build_dataclass(cls, {"model": model, **values}, "EvalConfig.for_checkpoint")
+        return with_checkpoint_settings(config, explicit=leaf_paths(values))
 
 
 class AgentSettingsError(ValueError):
@@ -155,15 +161,38 @@ def load_agent_settings(model: str | Path | None) -> dict:
     return settings
 
 
+def _is_explicit(path: str, explicit: Collection[str]) -> bool:
+    """``path`` (e.g. ``rollout.top_k``) was given by the user: itself, a parent (``rollout``) or, for a whole
+    sub-config such as ``rdra``, one of its fields (``rdra.plan_k``)."""
+    parts = path.split(".")
+    return any(".".join(parts[:i]) in explicit for i in range(1, len(parts) + 1)) or \
+        any(e.startswith(path + ".") for e in explicit)
+
+
+def apply_agent_settings(config: EvalConfig, settings: dict, explicit: Collection[str] = frozenset(),
+                         source: str = AGENT_SETTINGS_FILE) -> EvalConfig:
+    """``config`` with agent settings (``kunlunlab_agent.json``'s flat keys) applied to every field whose
+    path (``AGENT_SETTING_PATHS``) is not in ``explicit``."""
+    top, rollout, stie = {}, {}, {}
+    for key, value in settings.items():
+        path = AGENT_SETTING_PATHS[key]
+        if _is_explicit(path, explicit):
+            continue
+        if key == "rdra":  # RDRA's sizes as trained (background passages, plan queries, characters)
+            try:
+                value = RDRAConfig(**value)
+            except (TypeError, ValueError) as err:
+                raise AgentSettingsError(f"{source}: bad 'rdra' settings: {err}") from err
+        head, _, field_name = path.partition(".")
+        {"rollout": rollout, "stie": stie}.get(head, top)[field_name or head] = value
+    return replace(config, **top, rollout=replace(config.rollout, **rollout), stie=replace(config.stie, **stie))
+
+
 def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = frozenset()) -> EvalConfig:
-    """``config`` with its model's checkpoint settings applied to every field not named in ``explicit``."""
+    """``config`` with its model's checkpoint settings applied to every field not named in ``explicit``
+    (field paths such as ``method``, ``rollout.top_k``, ``stie.max_rounds``, ``rdra``)."""
     settings = load_agent_settings(config.model)
-    if "rdra" in settings:  # RDRA's sizes as trained (background passages, plan queries, characters)
-        try:
-            settings["rdra"] = RDRAConfig(**settings["rdra"])
-        except (TypeError, ValueError) as err:
-            raise AgentSettingsError(f"{Path(config.model) / AGENT_SETTINGS_FILE}: bad 'rdra' settings: {err}") from err
-    return replace(config, **{k: v for k, v in settings.items() if k not in explicit})
+    return apply_agent_settings(config, settings, explicit, source=str(Path(config.model or ".") / AGENT_SETTINGS_FILE))
 
 
 def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
@@ -248,7 +277,6 @@ def make_judge_backend(config: EvalConfig, backend):
 def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
     """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model."""
     from kunlunlab.agent.methods import MethodConfig, make_method
-    from kunlunlab.agent.rollout import RolloutConfig
     from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 
@@ -263,14 +291,8 @@ def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
         policy = RoutingPolicy.load(config.router) if config.router else None
         search = NetworkLocalRouter(retriever.search, RetrievalClient(config.network_url).search, policy,
                                     fixed_action=None if policy else "both")
-    method_config = MethodConfig(top_k=config.top_k,
-                                 rollout=RolloutConfig(max_searches=config.max_searches, top_k=config.top_k,
-                                                       max_total_tokens=config.max_total_tokens,
-                                                       max_turn_tokens=config.max_turn_tokens,
-                                                       max_result_chars=config.max_result_chars),
-                                 rdra=config.rdra,
-                                 stie=STIEConfig(max_rounds=config.stie_rounds,
-                                                 **(COLLECT_ALL_ROUNDS if config.stie_collect else {})),
+    stie = replace(config.stie, **COLLECT_ALL_ROUNDS) if config.stie_collect else config.stie
+    method_config = MethodConfig(top_k=config.rollout.top_k, rollout=config.rollout, rdra=config.rdra, stie=stie,
                                  use_rdra=config.use_rdra, use_stie=config.use_stie)
     return make_method(config.method, backend, search, method_config), retriever, backend
 

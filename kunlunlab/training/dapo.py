@@ -36,7 +36,8 @@ from kunlunlab.agent.backends import SamplingConfig, TransformersBackend, chat_p
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.training.config import DAPOStageConfig
-from kunlunlab.training.rewards import RewardConfig, accuracy_score, format_compliant, parse_completion, score
+from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
+                                        score)
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,15 @@ class SearchRollout:
 
     def __init__(self, search, tokenizer, answers: dict[str, list[str]], rollout: RolloutConfig,
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
-                 system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None):
+                 system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
+                 supporting: dict[str, list[str]] | None = None):
         """``answers``: every training question with its gold answers (the refill pool of dynamic sampling);
         ``rdra`` (an :class:`~kunlunlab.agent.rdra.RDRAConfig`) and ``stie`` (a
-        :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out."""
+        :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out.
+        ``supporting``: each question's gold passage ids, for the search-budget reward (``rewards.w_budget``)."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
+        self.supporting = supporting or {}
+        self._background_ids: dict[str, list[str]] = {}
         self.rollout, self.dapo, self.rewards = rollout, dapo, rewards
         self.system_prompt, self.prefix = system_prompt, assistant_prefix
         self.rdra, self.stie = rdra, stie
@@ -92,6 +97,7 @@ class SearchRollout:
             unique = list(backgrounds)
             for q, c in zip(unique, rdra_contexts(backend, self.search, unique, self.rdra)):
                 backgrounds[q] = c.background
+                self._background_ids[q] = list(c.doc_ids)
         prompts = [chat_prompt_ids(self.tokenizer, build_messages(q, backgrounds[q], self.system_prompt), self.prefix)
                    for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
@@ -161,7 +167,10 @@ class SearchRollout:
             refilled, tried = self._refill(backend, questions, trajs, accuracy, groups, seed)
         flat = [groups[g] for g in self._flat(groups, accuracy)]
         records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
-        rewards = [score(r, self.answers.get(q, []), self.rewards).total for q, r in zip(questions, records)]
+        budgets = [budget_score(t.doc_ids, self.supporting.get(q, []), self._background_ids.get(q),
+                                self.rewards.budget_penalty) for q, t in zip(questions, trajs)]
+        rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
+                   for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)
 
         eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -193,6 +202,7 @@ class SearchRollout:
             "filtered_groups": len(filtered) // groups_n if filtered else 0,
             "flat_groups": len(flat), "groups": len(groups), "seconds": time.perf_counter() - start,
             "stie_rounds": sum(len(t.rounds) for t in trajs) / len(trajs),
+            "budget": _mean_or_none(budgets),
         }
         self.history.append(stats)
         if self.log_path is not None:
@@ -203,7 +213,12 @@ class SearchRollout:
         return {"prompt_ids": [t.prompt_ids for t in trajs],
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records],
-                "answers": [list(self.answers.get(q, [])) for q in questions]}
+                "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets}
+
+
+def _mean_or_none(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, seed: int, bf16: bool = False,

@@ -38,6 +38,24 @@ SMOKE_OVERRIDES = {
 }
 
 
+def run_config(config: str | Path | None, overrides: dict | list[str] | None = None,
+               smoke: bool = False) -> TrainConfig:
+    """The training config notebook 04 and ``kunlunlab train`` run: a JSON file (a path as given, else
+    relative to the repository root; None for the dataclass defaults) with overrides (``{"sft.learning_rate":
+    1e-4}`` or ``["sft.learning_rate=1e-4"]``); ``smoke`` shrinks it to the test suite's size, the user's
+    overrides still winning."""
+    from kunlunlab.paths import PROJECT_ROOT
+    from kunlunlab.training.config import apply_overrides, config_from_dict, load_config
+
+    path = None if config is None else Path(config)
+    if path is not None and not path.is_absolute() and not path.is_file():
+        path = PROJECT_ROOT / path
+    cfg = load_config(path, overrides)
+    if smoke:
+        cfg = config_from_dict(apply_overrides(apply_overrides(cfg.to_dict(), SMOKE_OVERRIDES), overrides))
+    return cfg
+
+
 @dataclass
 class TrainingData:
     world: object
@@ -84,16 +102,16 @@ def _format_compliance(records: list[dict]) -> float | None:
 def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path) -> dict:
     """EM / F1 / format compliance of the current model with the evaluation pipeline."""
     from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import EvalConfig, evaluate
+    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
 
     if not examples:
         return {}
     model.eval()
     backend = TransformersBackend(model=model, tokenizer=tokenizer)
     backend.name = cfg.model or "smollm2-135m-instruct"
-    settings = {**agent_settings(cfg), "rdra": cfg.agent.rdra}
-    ec = EvalConfig(dataset=dataset, limit=len(examples), judge=None, index_kind=cfg.index_kind, embedder=cfg.embedder,
-                    batch_size=cfg.eval.batch_size, seed=cfg.world_seed, **settings)
+    ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(examples), judge=None, index_kind=cfg.index_kind,
+                                         embedder=cfg.embedder, batch_size=cfg.eval.batch_size, seed=cfg.world_seed,
+                                         stie=cfg.agent.stie), agent_settings(cfg))
     summary = evaluate(ec, out, backend=backend, examples=examples, passages=passages)
     records = [json.loads(line) for line in Path(out).read_text().splitlines()]
     return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
@@ -132,135 +150,287 @@ class RunState:
         tmp.replace(self.path)
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
-          sft_callbacks: list | None = None, dapo_callbacks: list | None = None) -> dict:
-    """Runs (or resumes) every stage; returns and writes ``training_summary.json``."""
-    import torch
-
-    from kunlunlab.agent.rollout import RolloutConfig
-    from kunlunlab.training.mixing import TrajectoryBuilder, data_stats, mix, schedule
-    from kunlunlab.models import load_llm
-    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
-    from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
-    from kunlunlab.training.sft import freeze_for_sft, run_sft, sft_dataset
-
-    say = progress or (lambda msg: log.info(msg))
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    main_process = _is_main_process()
-    state = RunState(run_dir, writer=main_process)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-
-    data = load_training_data(cfg)
-    say(f"data: {len(data.train)} training and {len(data.heldout)} held-out synthetic questions, "
-        f"{len(data.hotpot_train)}/{len(data.hotpot_heldout)} HotpotQA train/held-out")
-    retriever = build_retriever(data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
-    model, tok = load_llm(cfg.model)
-
-    def evaluate_all(tag: str) -> dict:
-        cached = state.get(f"eval_{tag}")
-        if cached or not main_process:  # under accelerate, only the main process evaluates
-            return cached or {}
-        t0 = time.perf_counter()
-        result = {"world": evaluate_model(model, tok, cfg, data.heldout, data.passages, "world",
-                                          run_dir / f"eval_{tag}_world.jsonl")}
-        if data.hotpot_heldout:
-            result["hotpotqa_distractor"] = evaluate_model(model, tok, cfg, data.hotpot_heldout, data.hotpot_passages,
-                                                           "hotpotqa_distractor", run_dir / f"eval_{tag}_hotpot.jsonl")
-        result["seconds"] = round(time.perf_counter() - t0, 1)
-        state.set(f"eval_{tag}", result)
-        w = result["world"]
-        say(f"eval {tag}: world EM {w['em']} F1 {w['f1']} format {w['format_compliance']}")
-        return result
-
-    before = evaluate_all("before")
-
-    # ---- data mixing (eqs. 14-16)
-    mixing = cfg.mixing
+def training_mixing(cfg: TrainConfig):
+    """The run's ``MixingConfig`` with the retrieval sizes and seed of the run (one place sets them)."""
     from dataclasses import replace
 
-    mixing = replace(mixing, top_k=cfg.top_k, max_result_chars=cfg.max_result_chars, seed=cfg.seed)
+    return replace(cfg.mixing, top_k=cfg.top_k, max_result_chars=cfg.max_result_chars, seed=cfg.seed)
+
+
+def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None) -> list:
+    """The mixed SFT trajectories of a training config (eqs. 14–16) with real retrieval: the world's gold
+    chains and the HotpotQA training half, with RDRA backgrounds, plan samples and STIE feedback rounds as
+    ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this."""
+    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+    from kunlunlab.training.mixing import TrajectoryBuilder, mix
+
+    mixing = training_mixing(cfg)
+    retriever = retriever or build_retriever(data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
     builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra)
     hotpot_builder = None
     if data.hotpot_train:
         hotpot_retriever = build_retriever(data.hotpot_passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
         hotpot_builder = TrajectoryBuilder(hotpot_retriever.search, data.hotpot_passages, mixing, cfg.agent.rdra)
-    trajectories = mix(builder, data.train, mixing, hotpot_builder, data.hotpot_train)
-    with (run_dir / "trajectories.jsonl").open("w") as f:
-        for t in trajectories:
-            f.write(json.dumps(t.to_dict()) + "\n")
-    (run_dir / "schedule.json").write_text(json.dumps(schedule(mixing), indent=2))
-    stats_rows = data_stats(trajectories, tok)
-    say(f"mixed {len(trajectories)} trajectories over {mixing.epochs} epochs")
+    return mix(builder, data.train, mixing, hotpot_builder, data.hotpot_train)
 
-    timings = state.get("seconds", {})
-    steps = state.get("steps", {})
-    trainable = freeze_for_sft(model, cfg.sft.train_layers)
 
-    def finish_stage(stage: str, trainer, final: Path, t0: float) -> None:
+class RunFolderConflict(ValueError):
+    """The run folder holds a run of another configuration."""
+
+
+def check_run_folder(cfg: TrainConfig, run_dir: Path) -> None:
+    """Refuses a folder whose ``train_config.json`` differs from ``cfg``: resuming there would silently hand
+    back the other run's models and overwrite its config."""
+    saved = run_dir / "train_config.json"
+    if not saved.is_file():
+        return
+    want = json.loads(json.dumps(cfg.to_dict()))
+    try:
+        have = json.loads(saved.read_text())
+    except json.JSONDecodeError as err:
+        raise RunFolderConflict(f"{saved} is not readable JSON ({err}); use another run folder") from err
+    if have != want:
+        changed = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+        raise RunFolderConflict(f"{run_dir} holds a training run of another config (differs in {changed}, "
+                                f"config hash {config_hash(have)} there vs {config_hash(want)}); pass a new run "
+                                "folder, or the same config to resume")
+
+
+def config_hash(config: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class TrainingRun:
+    """One training run folder and its stages, callable one at a time (notebook 04 shows each with its
+    curves) or all in order by :func:`train`:
+
+        run = TrainingRun(cfg, run_dir)       # data, retriever and model; refuses a folder of another config
+        run.evaluate("before"); run.mix(); run.sft(); run.dapo(); run.evaluate("after"); run.finish()
+
+    Every stage resumes: a finished one is read back from ``state.json`` and ``<stage>/final``."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
+                 sft_callbacks: list | None = None, dapo_callbacks: list | None = None):
+        import torch
+
+        from kunlunlab.models import load_llm
+        from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.say = progress or (lambda msg: log.info(msg))
+        self.sft_callbacks, self.dapo_callbacks = sft_callbacks, dapo_callbacks
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_folder(cfg, self.run_dir)
+        (self.run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        self.main_process = _is_main_process()
+        self.state = RunState(self.run_dir, writer=self.main_process)
+        self.state.set("config_hash", config_hash(json.loads(json.dumps(cfg.to_dict()))))
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.data = load_training_data(cfg)
+        self.say(f"data: {len(self.data.train)} training and {len(self.data.heldout)} held-out synthetic questions, "
+                 f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out")
+        self.retriever = build_retriever(self.data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
+        self.model, self.tok = load_llm(cfg.model)
+        self.evaluations: dict[str, dict] = {}
+        self.trajectories: list | None = None
+        self.stats_rows: list[dict] = []
+        self.timings = self.state.get("seconds", {})
+        self.steps = self.state.get("steps", {})
+        self._frozen = False
+
+    def evaluate(self, tag: str) -> dict:
+        """EM / F1 / format compliance of the current model on the held-out world and HotpotQA questions."""
+        cached = self.state.get(f"eval_{tag}")
+        if cached or not self.main_process:  # under accelerate, only the main process evaluates
+            self.evaluations[tag] = cached or {}
+            return self.evaluations[tag]
+        t0 = time.perf_counter()
+        data, out = self.data, self.run_dir
+        result = {"world": evaluate_model(self.model, self.tok, self.cfg, data.heldout, data.passages, "world",
+                                          out / f"eval_{tag}_world.jsonl")}
+        if data.hotpot_heldout:
+            result["hotpotqa_distractor"] = evaluate_model(self.model, self.tok, self.cfg, data.hotpot_heldout,
+                                                           data.hotpot_passages, "hotpotqa_distractor",
+                                                           out / f"eval_{tag}_hotpot.jsonl")
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        self.state.set(f"eval_{tag}", result)
+        w = result["world"]
+        self.say(f"eval {tag}: world EM {w['em']} F1 {w['f1']} format {w['format_compliance']}")
+        self.evaluations[tag] = result
+        return result
+
+    def mix(self) -> list:
+        """The SFT trajectories, mixed by the schedule of eqs. 14–16 (``trajectories.jsonl``, ``schedule.json``)."""
+        from kunlunlab.training.mixing import data_stats, schedule
+
+        self.trajectories = mix_training_data(self.cfg, self.data, self.retriever)
+        with (self.run_dir / "trajectories.jsonl").open("w") as f:
+            for t in self.trajectories:
+                f.write(json.dumps(t.to_dict()) + "\n")
+        (self.run_dir / "schedule.json").write_text(json.dumps(schedule(training_mixing(self.cfg)), indent=2))
+        self.stats_rows = data_stats(self.trajectories, self.tok)
+        self.say(f"mixed {len(self.trajectories)} trajectories over {self.cfg.mixing.epochs} epochs")
+        return self.trajectories
+
+    def _freeze(self) -> int:
+        from kunlunlab.training.sft import freeze_for_sft
+
+        self._frozen = True
+        return freeze_for_sft(self.model, self.cfg.sft.train_layers)
+
+    def _finish_stage(self, stage: str, trainer, final: Path, t0: float) -> None:
         """The final model, the Trainer log, seconds and steps, and the stage marked done in state.json."""
         trainer.save_model(str(final))
-        tok.save_pretrained(str(final))
-        if main_process:
-            (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(cfg), indent=2))
-        _write_log(run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
-        timings[stage] = round(time.perf_counter() - t0, 1)
-        steps[stage] = trainer.state.global_step
-        state.set("seconds", timings)
-        state.set("steps", steps)
-        state.set(f"{stage}_done", True)
-        say(f"{stage.upper()} done: {steps[stage]} steps in {timings[stage]} s")
+        self.tok.save_pretrained(str(final))
+        if self.main_process:
+            (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(self.cfg), indent=2))
+        _write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
+        self.timings[stage] = round(time.perf_counter() - t0, 1)
+        self.steps[stage] = trainer.state.global_step
+        self.state.set("seconds", self.timings)
+        self.state.set("steps", self.steps)
+        self.state.set(f"{stage}_done", True)
+        self.say(f"{stage.upper()} done: {self.steps[stage]} steps in {self.timings[stage]} s")
 
-    # ---- stage 1: format cold start
-    if cfg.sft.enabled:
-        final = run_dir / "sft" / "final"
-        if state.get("sft_done"):
-            model, tok = load_llm(str(final))
-            freeze_for_sft(model, cfg.sft.train_layers)
+    def sft(self) -> None:
+        """Stage 1, format cold start: TRL ``SFTTrainer`` on the mixed trajectories (loss on model tokens only)."""
+        from kunlunlab.models import load_llm
+        from kunlunlab.training.sft import run_sft, sft_dataset
+
+        cfg = self.cfg
+        if not cfg.sft.enabled:
+            return
+        if self.trajectories is None:
+            self.mix()
+        final = self.run_dir / "sft" / "final"
+        if self.state.get("sft_done"):
+            self.model, self.tok = load_llm(str(final))
+            self._freeze()
+            return
+        trainable = self._freeze()
+        t0 = time.perf_counter()
+        self.model.train()
+        dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
+        self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
+        trainer = run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
+                          callbacks=self.sft_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
+                          gradient_checkpointing=cfg.gradient_checkpointing)
+        self._finish_stage("sft", trainer, final, t0)
+
+    def prl(self) -> None:
+        """Optional stage (``cfg.prl``): ReasonRAG's process supervision — MCTS over the current model's steps on
+        the first ``prl.questions`` training questions (RDRA backgrounds in the prompts for the whole agent),
+        SPRE values, step preference pairs (``prl/preferences.jsonl``, ``prl/trees.jsonl``), then DPO."""
+        from kunlunlab.agent.backends import TransformersBackend
+        from kunlunlab.agent.rdra import rdra_contexts
+        from kunlunlab.agent.rollout import RolloutConfig
+        from kunlunlab.models import load_llm
+        from kunlunlab.training.dpo import run_dpo
+        from kunlunlab.training.process_rewards import collect_preferences, read_preferences
+
+        cfg = self.cfg
+        if not cfg.prl.enabled:
+            return
+        final = self.run_dir / "prl" / "final"
+        if self.state.get("prl_done"):
+            self.model, self.tok = load_llm(str(final))
+            return
+        if not self._frozen:
+            self._freeze()
+        t0 = time.perf_counter()
+        self.model.eval()
+        examples = self.data.train[:cfg.prl.questions]
+        prefs = self.run_dir / "prl" / "preferences.jsonl"
+        if prefs.is_file():  # the tree search finished before an interruption: its pairs are read back
+            rows = read_preferences(prefs)
         else:
-            t0 = time.perf_counter()
-            model.train()
-            dataset = sft_dataset(tok, trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
-            say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
-            trainer = run_sft(model, tok, dataset, cfg.sft, run_dir / "sft", cfg.seed, callbacks=sft_callbacks,
-                              bf16=cfg.bf16, deepspeed=cfg.deepspeed, gradient_checkpointing=cfg.gradient_checkpointing)
-            finish_stage("sft", trainer, final, t0)
+            backend = TransformersBackend(model=self.model, tokenizer=self.tok)
+            backgrounds = None
+            if cfg.agent.whole:
+                questions = [ex.question for ex in examples]
+                contexts = rdra_contexts(backend, self.retriever.search, questions, cfg.agent.rdra)
+                backgrounds = {q: c.background for q, c in zip(questions, contexts)}
+            rollout = RolloutConfig(max_turn_tokens=cfg.dapo.max_turn_tokens, max_total_tokens=cfg.dapo.max_total_tokens,
+                                    top_k=cfg.top_k, max_result_chars=cfg.max_result_chars)
+            rows = collect_preferences(backend, self.retriever.search, examples, self.run_dir / "prl", rollout,
+                                       cfg.prl.mcts, progress=self.say, backgrounds=backgrounds)
+            self.state.set("prl_mcts_seconds", round(time.perf_counter() - t0, 1))
+        self.say(f"PRL: {len(rows)} step preference pairs from {len(examples)} trees")
+        if not cfg.prl.dpo.enabled:  # collect the pairs only (e.g. to inspect the trees first)
+            return
+        if not rows:
+            raise RuntimeError("PRL: the tree search produced no preference pairs (every sibling scored the same); "
+                               "raise prl.mcts.iterations / children_per_node or start from a trained model")
+        self.model.train()
+        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed, bf16=cfg.bf16,
+                          deepspeed=cfg.deepspeed, gradient_checkpointing=cfg.gradient_checkpointing)
+        self._finish_stage("prl", trainer, final, t0)
 
-    # ---- stage 2: DAPO
-    if cfg.dapo.enabled:
-        final = run_dir / "dapo" / "final"
-        if state.get("dapo_done"):
-            model, tok = load_llm(str(final))
-        else:
-            t0 = time.perf_counter()
-            model.train()
-            rollout_cfg = RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
-                                        max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
-                                        max_result_chars=cfg.max_result_chars)
-            whole = cfg.agent.whole
-            rollout = SearchRollout(retriever.search, tok, {q.question: q.answers for q in data.train}, rollout_cfg,
-                                    cfg.dapo, cfg.rewards, log_path=run_dir / "dapo_rollouts.jsonl",
-                                    rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None)
-            dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
-            trainer = run_dapo(model, tok, dataset, rollout, cfg.dapo, cfg.rewards, run_dir / "dapo", cfg.seed,
-                               callbacks=dapo_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
-                               gradient_checkpointing=cfg.gradient_checkpointing)
-            finish_stage("dapo", trainer, final, t0)
+    def dapo(self) -> None:
+        """Stage 2: DAPO through TRL's ``GRPOTrainer``, rollouts by the agent (RDRA + STIE for ``kunlun``)."""
+        from kunlunlab.agent.rollout import RolloutConfig
+        from kunlunlab.models import load_llm
+        from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 
-    after = evaluate_all("after")
-    if not main_process:
-        return {}
-    summary = build_summary(cfg, before, after, timings, steps, trajectories, stats_rows)
-    (run_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+        cfg, data = self.cfg, self.data
+        if not cfg.dapo.enabled:
+            return
+        final = self.run_dir / "dapo" / "final"
+        if self.state.get("dapo_done"):
+            self.model, self.tok = load_llm(str(final))
+            return
+        if not self._frozen:
+            self._freeze()
+        t0 = time.perf_counter()
+        self.model.train()
+        rollout_cfg = RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
+                                    max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
+                                    max_result_chars=cfg.max_result_chars)
+        whole = cfg.agent.whole
+        rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in data.train},
+                                rollout_cfg, cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
+                                rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None,
+                                supporting={q.question: list(q.supporting_ids) for q in data.train})
+        dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
+        trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
+                           cfg.seed, callbacks=self.dapo_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
+                           gradient_checkpointing=cfg.gradient_checkpointing)
+        self._finish_stage("dapo", trainer, final, t0)
+
+    def finish(self) -> dict:
+        """``training_summary.json`` from the evaluations before and after and the stages' seconds and steps."""
+        if not self.main_process:
+            return {}
+        if self.trajectories is None:
+            self.mix()
+        before = self.evaluations.get("before") or (self.evaluate("before") if self.cfg.eval.before else {})
+        after = self.evaluations.get("after") or self.evaluate("after")
+        summary = build_summary(self.cfg, before, after, self.timings, self.steps, self.trajectories, self.stats_rows)
+        (self.run_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+
+def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
+          sft_callbacks: list | None = None, dapo_callbacks: list | None = None) -> dict:
+    """Runs (or resumes) every stage in order; returns and writes ``training_summary.json``."""
+    run = TrainingRun(cfg, run_dir, progress, sft_callbacks, dapo_callbacks)
+    if cfg.eval.before:
+        run.evaluate("before")
+    run.mix()
+    run.sft()
+    run.prl()
+    run.dapo()
+    run.evaluate("after")
+    return run.finish()
 
 
 def trained_model(run_dir: str | Path) -> Path | None:
-    """The final model of a training run folder: DAPO's if that stage finished, else SFT's, else None."""
-    for stage in ("dapo", "sft"):
+    """The final model of a training run folder: the last stage that finished (DAPO, PRL, SFT), else None."""
+    for stage in ("dapo", "prl", "sft"):
         final = Path(run_dir) / stage / "final"
         if (final / "config.json").is_file():
             return final
@@ -293,17 +463,17 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
     def pct(x):
         return None if x is None else round(100 * x, 2)
 
-    wb, wa = before["world"], after["world"]
+    wb, wa = before.get("world", {}), after["world"]  # no "before" when cfg.eval.before is False
     summary = {
-        "em_before": pct(wb["em"]), "em_after": pct(wa["em"]),
-        "f1_before": pct(wb["f1"]), "f1_after": pct(wa["f1"]),
-        "format_compliance_before": pct(wb["format_compliance"]),
+        "em_before": pct(wb.get("em")), "em_after": pct(wa["em"]),
+        "f1_before": pct(wb.get("f1")), "f1_after": pct(wa["f1"]),
+        "format_compliance_before": pct(wb.get("format_compliance")),
         "format_compliance_after": pct(wa["format_compliance"]),
-        "searches_before": wb["searches"], "searches_after": wa["searches"],
+        "searches_before": wb.get("searches"), "searches_after": wa["searches"],
         "steps": sum(steps.values()), "steps_by_stage": steps,
         "seconds": round(sum(timings.values()), 1), "seconds_by_stage": timings,
         "eval_seconds": {"before": before.get("seconds"), "after": after.get("seconds")},
-        "heldout_questions": wb["n"], "units": "EM, F1 and format compliance in percent",
+        "heldout_questions": wa["n"], "units": "EM, F1 and format compliance in percent",
         "model": cfg.model or "smollm2-135m-instruct", "eval_method": cfg.eval.method, "agent": cfg.agent.method,
         "em_tagged_after": pct(wa.get("em_tagged")), "em_fallback_after": pct(wa.get("em_fallback")),
         "n_tagged_after": wa.get("n_tagged"), "n_fallback_after": wa.get("n_fallback"),
@@ -314,13 +484,45 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
                            "plan": sum(1 for r in stats_rows if r["kind"] == "plan"),
                            "with_stie_feedback": sum(1 for r in stats_rows if r["stie_rounds"])},
     }
-    if "hotpotqa_distractor" in before and "hotpotqa_distractor" in after:
-        hb, ha = before["hotpotqa_distractor"], after["hotpotqa_distractor"]
+    if "hotpotqa_distractor" in after:
+        hb, ha = before.get("hotpotqa_distractor", {}), after["hotpotqa_distractor"]
         summary["hotpotqa_distractor"] = {
-            "n": hb["n"], "em_before": pct(hb["em"]), "em_after": pct(ha["em"]), "f1_before": pct(hb["f1"]),
-            "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb["format_compliance"]),
+            "n": ha["n"], "em_before": pct(hb.get("em")), "em_after": pct(ha["em"]), "f1_before": pct(hb.get("f1")),
+            "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb.get("format_compliance")),
             "format_compliance_after": pct(ha["format_compliance"])}
     return summary
+
+
+HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl"}
+
+
+def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:
+    """The per-question records of a finished run's evaluation after training (``world`` or
+    ``hotpotqa_distractor``): what :func:`compare_runs` pairs by question id."""
+    if dataset not in HELDOUT_FILES:
+        raise ValueError(f"unknown held-out set {dataset!r}; choose from {sorted(HELDOUT_FILES)}")
+    path = Path(run_dir) / HELDOUT_FILES[dataset]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {run_dir} is not a finished training run folder")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compare_runs(runs: dict[str, str | Path], reference: str, dataset: str = "world",
+                 n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list]]:
+    """The training-ablation table: one row per training run (label → run folder), EM / F1 / searches on the
+    same held-out questions, each run's EM difference to ``reference`` with its paired-bootstrap interval.
+    Runs of one config family share the held-out questions (same seeds); pairing is by question id, so a
+    run evaluated on other questions fails loudly instead of being compared."""
+    from kunlunlab.eval.compare import ablation_table
+
+    if reference not in runs:
+        raise ValueError(f"reference {reference!r} is not among the runs {sorted(runs)}")
+    records = {label: heldout_records(folder, dataset) for label, folder in runs.items()}
+    ref_ids = {r["id"] for r in records[reference]}
+    for label, recs in records.items():
+        if {r["id"] for r in recs} != ref_ids:
+            raise ValueError(f"{label}'s held-out {dataset} questions differ from {reference}'s: not comparable")
+    return ablation_table(records, reference, n_resamples=n_resamples, seed=seed)
 
 
 def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
@@ -336,5 +538,5 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "TrainingData", "agent_settings", "build_summary",
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "training_mixing", "TrainingData", "TrainingRun", "agent_settings", "build_summary",
            "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train"]

@@ -46,6 +46,12 @@ class RewardConfig:
     long_max_words: int = 120
     overlong_max_tokens: int = 512   # DAPO soft overlong punishment: model tokens allowed ...
     overlong_buffer: int = 128       # ... with a linear penalty over the last `buffer` of them
+    # False: the "R_short only" training ablation — every answer is scored by eq. 17, whatever tag it uses
+    # (the long mode's summary length and structure terms of eq. 18 are not applied)
+    dual_mode: bool = True
+    # FrugalRAG's search budget (arXiv 2507.07634), see budget_score: 0 leaves it out of the reward
+    w_budget: float = 0.0
+    budget_penalty: float = 0.25     # per search past the optimal stop
 
     def __post_init__(self):
         if self.accuracy not in ("em", "f1"):
@@ -55,8 +61,9 @@ class RewardConfig:
 
     @property
     def weights(self) -> list[float]:
-        """In the order of :func:`reward_functions`."""
-        return [self.w_format, self.w_length, self.w_accuracy, self.w_structure, 1.0]
+        """In the order of :func:`reward_functions` (the budget term only when ``w_budget`` is set)."""
+        base = [self.w_format, self.w_length, self.w_accuracy, self.w_structure, 1.0]
+        return base + [self.w_budget] if self.w_budget else base
 
 
 @dataclass
@@ -126,7 +133,7 @@ def length_score(rec: ParseRecord, cfg: RewardConfig) -> float:
     """Short mode: the boxed answer is concise; long mode: the summary has a sensible length."""
     if rec.answer is None:
         return 0.0
-    if rec.mode == "long":
+    if rec.mode == "long" and cfg.dual_mode:
         summary = re.sub(r"\\boxed\{.*\}", " ", rec.answer_body, flags=re.S)
         return _band(len(summary.split()), cfg.long_min_words, cfg.long_max_words)
     return _band(len(rec.answer.split()), 0, cfg.short_target_words)
@@ -175,6 +182,34 @@ class RewardBreakdown:
     overlong: float
     total: float
     mode: str | None
+    budget: float | None = None
+
+
+def budget_score(search_doc_ids: list[list[str]], gold_ids: list[str], background_ids: list[str] | None = None,
+                 penalty: float = 0.25) -> float | None:
+    """FrugalRAG's search-budget reward (arXiv 2507.07634), as the workbench reads it: the *optimal stop* of a
+    trajectory is the first search after which its recall of the gold supporting passages reaches its
+    maximum (search 0 is the RDRA background, when there is one). Stopping there earns 1; each search past
+    it costs ``penalty``; a trajectory that stopped without all the gold evidence (early, or never finding
+    it) loses its missing recall and earns nothing positive:
+
+        complete (max recall = 1):   1 − λ·(n − k*)
+        incomplete:                  −(1 − max recall) − λ·(n − k*)          floored at −1
+
+    None (left out of the reward) for questions without gold passage ids, e.g. open-corpus ones. The
+    paper's exact formula is not reproduced here; this is the shape its text describes."""
+    gold = set(gold_ids)
+    if not gold:
+        return None
+    seen = set(background_ids or [])
+    recall = [len(seen & gold) / len(gold)]
+    for ids in search_doc_ids:
+        seen |= set(ids)
+        recall.append(len(seen & gold) / len(gold))
+    best = max(recall)
+    past = len(search_doc_ids) - recall.index(best)
+    value = (1.0 if best >= 1.0 else -(1.0 - best)) - penalty * past
+    return max(-1.0, value)
 
 
 def structure_term(structure: float | None) -> float | None:
@@ -182,15 +217,19 @@ def structure_term(structure: float | None) -> float | None:
     return None if structure is None else structure - 1.0
 
 
-def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None = None) -> RewardBreakdown:
-    """Every component and the total of eq. 17 (short) or eq. 18 (long)."""
+def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None = None,
+          budget: float | None = None) -> RewardBreakdown:
+    """Every component and the total of eq. 17 (short) or eq. 18 (long); plus ``w_budget`` times the
+    search-budget term when one is given (:func:`budget_score`)."""
     cfg = cfg or RewardConfig()
     rec = parse_completion(record) if isinstance(record, str) else record
-    parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg), structure_score(rec),
-             overlong_penalty(rec, cfg))
+    parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg),
+             structure_score(rec) if cfg.dual_mode else None, overlong_penalty(rec, cfg))
     terms = parts[:3] + (structure_term(parts[3]), parts[4])
     total = sum(w * p for w, p in zip(cfg.weights, terms) if p is not None)
-    return RewardBreakdown(*parts, total=total, mode=rec.mode)
+    if cfg.w_budget and budget is not None:
+        total += cfg.w_budget * budget
+    return RewardBreakdown(*parts, total=total, mode=rec.mode, budget=budget)
 
 
 # ---------------------------------------------------------------------------- TRL adapters
@@ -216,12 +255,19 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
         return [accuracy_score(r, g, cfg) for r, g in zip(_records(completions, **kw), answers)]
 
     def structure_reward(prompts, completions, **kw):  # eq. 18's penalty term; None (left out) for short answers
-        return [structure_term(structure_score(r)) for r in _records(completions, **kw)]
+        records = _records(completions, **kw)
+        if not cfg.dual_mode:  # R_short only: eq. 17 for every answer
+            return [None] * len(records)
+        return [structure_term(structure_score(r)) for r in records]
 
     def overlong_reward(prompts, completions, **kw):
         return [overlong_penalty(r, cfg) for r in _records(completions, **kw)]
 
-    return [format_reward, length_reward, accuracy_reward, structure_reward, overlong_reward]
+    def budget_reward(prompts, completions, budget=None, **kw):  # the rollout's budget_score per trajectory
+        return list(budget) if budget is not None else [None] * len(completions)
+
+    functions = [format_reward, length_reward, accuracy_reward, structure_reward, overlong_reward]
+    return functions + [budget_reward] if cfg.w_budget else functions
 
 
 def format_compliant(record: ParseRecord) -> bool:
@@ -231,4 +277,4 @@ def format_compliant(record: ParseRecord) -> bool:
 
 __all__ = ["ANSWER_TAGS", "ParseRecord", "RewardBreakdown", "RewardConfig", "accuracy_score", "format_compliant",
            "format_score", "length_score", "overlong_penalty", "parse_completion", "reward_functions", "score",
-           "structure_score", "structure_term"]
+           "structure_score", "structure_term", "budget_score"]

@@ -104,3 +104,32 @@ def reward_table_html(rows: Sequence[dict]) -> str:
                         for k in keys)
         body.append(f"<tr><td>{html.escape(r['name'])}</td>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def sft_loss_figure(sft_log: Sequence[dict]) -> go.Figure:
+    """Stage 1's training loss per optimizer step (TRL's log history), shown right after the SFT cell."""
+    rows = [r for r in sft_log if "loss" in r]
+    fig = go.Figure(go.Scatter(x=[r["step"] for r in rows], y=[r["loss"] for r in rows], name="SFT loss"))
+    fig.update_layout(title="Stage 1 · format cold start: SFT loss (model tokens only)", xaxis_title="step",
+                      yaxis_title="loss", template="plotly_white", height=350)
+    return fig
+
+
+BEFORE_AFTER_ROWS = (("EM", "em"), ("F1", "f1"), ("format compliance", "format_compliance"),
+                     ("searches / question", "searches"))
+
+
+def before_after_html(summary: dict) -> str:
+    """``training_summary.json``'s before/after figures as a table (world rows, then HotpotQA's)."""
+    import html
+
+    def cell(value) -> str:
+        return "—" if value is None else html.escape(str(value))
+
+    rows = [(label, summary.get(f"{key}_before"), summary.get(f"{key}_after")) for label, key in BEFORE_AFTER_ROWS]
+    hotpot = summary.get("hotpotqa_distractor") or {}
+    if hotpot:
+        rows += [(f"HotpotQA {label}", hotpot.get(f"{key}_before"), hotpot.get(f"{key}_after"))
+                 for label, key in BEFORE_AFTER_ROWS[:3]]
+    body = "".join(f"<tr><td>{html.escape(label)}</td><td>{cell(b)}</td><td>{cell(a)}</td></tr>" for label, b, a in rows)
+    return f"<table><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"

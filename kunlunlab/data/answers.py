@@ -1,0 +1,76 @@
+"""Answer normalisation and matching with the standard SQuAD / HotpotQA rules (the evaluation's metrics).
+
+They live in the bottom layer because the agent compares answers too (STIE's answer memory, eq. 6, and its
+tuning read-out use the same normalisation); evaluation code imports them as ``kunlunlab.eval.metrics``.
+
+``exact_match`` and ``f1`` take the max over gold aliases. As in the official HotpotQA script, a
+yes/no/noanswer prediction or gold scores F1 only when both match exactly (token overlap between
+"yes" and "no, ..." is not partial credit). ``cover_em`` (reported as ``acc``) asks whether a
+normalised gold string appears inside the normalised prediction.
+"""
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import Iterable, Sequence
+
+_SPECIAL = ("yes", "no", "noanswer")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, drop punctuation and articles, collapse white space (SQuAD v1.1)."""
+    text = str(text).lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def _golds(golds: str | Sequence[str]) -> list[str]:
+    items = [golds] if isinstance(golds, str) else list(golds)
+    if not items:
+        raise ValueError("at least one gold answer is needed")
+    return [str(g) for g in items]
+
+
+def exact_match(prediction: str | None, golds: str | Sequence[str]) -> float:
+    if prediction is None:
+        return 0.0
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in _golds(golds)))
+
+
+def _f1_single(prediction: str, gold: str) -> float:
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    if pred in _SPECIAL or ref in _SPECIAL:
+        return float(pred == ref)
+    pred_tokens, ref_tokens = pred.split(), ref.split()
+    common = Counter(pred_tokens) & Counter(ref_tokens)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred_tokens), overlap / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(prediction: str | None, golds: str | Sequence[str]) -> float:
+    if prediction is None:
+        return 0.0
+    return max(_f1_single(prediction, g) for g in _golds(golds))
+
+
+def cover_em(prediction: str | None, golds: str | Sequence[str]) -> float:
+    """``acc``: some normalised gold answer is contained in the normalised prediction."""
+    if prediction is None:
+        return 0.0
+    pred = f" {normalize_answer(prediction)} "
+    return float(any(f" {normalize_answer(g)} " in pred for g in _golds(golds) if normalize_answer(g)))
+
+
+def retrieval_recall(retrieved_titles: Iterable[str], gold_titles: Sequence[str]) -> float | None:
+    """Share of gold supporting titles that were retrieved at some point (None when there is no gold)."""
+    if not gold_titles:
+        return None
+    seen = {normalize_answer(t) for t in retrieved_titles}
+    return sum(normalize_answer(t) in seen for t in gold_titles) / len(gold_titles)

@@ -1,0 +1,187 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Training the whole agent: format cold start (SFT), then DAPO through TRL
+#
+# **What this notebook shows.** The progressive training of KunLunBaizeRAG (paper §2.3) on the embedded
+# SmolLM2-135M, one stage per cell so that each stage's effect can be seen before the next starts:
+#
+# | stage | what happens | package |
+# |---|---|---|
+# | 0 · evaluation before | the untrained model, run as the agent it will become | `kunlunlab/training/pipeline.py` → `kunlunlab/eval/harness.py` |
+# | 1 · data | mixed trajectories (notebook 02's schedule, eqs. 14–16) | `kunlunlab/training/mixing.py` |
+# | 2 · SFT | format cold start with TRL's `SFTTrainer` | `kunlunlab/training/sft.py` |
+# | 3 · DAPO | outcome RL with TRL's `GRPOTrainer` (`loss_type="dapo"`) | `kunlunlab/training/dapo.py` |
+# | 4 · evaluation after | the same harness, the same held-out questions | `kunlunlab/eval/harness.py` |
+#
+# **What is trained is the whole agent** (`agent.method = "kunlun"`), run in training exactly as it is
+# evaluated: every prompt carries RDRA's background block (§2.1: a plan, then the passages retrieved for the
+# question and for the plan's queries), and STIE (§2.2) watches the answer rounds and appends its feedback
+# when the agent should verify. `agent.method = "agent"` trains the bare search-think protocol instead (the
+# ablation notebook 06 compares).
+#
+# **Why two stages.** A 135M model does not follow the `<think>`/`<search>`/`<result>`/`<short_answer>`
+# protocol on its own (format compliance before training is about 0 %), and RL cannot reward a protocol it
+# never samples. SFT on teacher trajectories teaches the format; DAPO then improves *what* the agent
+# searches and answers from its own rollouts.
+#
+# The same run outside Jupyter: `kunlunlab train --config experiments/configs/training/train_embedded_cpu.json`.
+# Every stage resumes: run a cell again on the same `run_dir` and a finished stage is read back, not redone.
+
+# %% tags=["parameters"]
+# Parameters (papermill overrides these)
+config = "experiments/configs/training/train_embedded_cpu.json"   # relative to the repository root, or absolute
+overrides = {}            # e.g. {"sft.learning_rate": 5e-5, "dapo.steps": 8}
+smoke = False
+run_dir = None            # None: a new experiments/runs/<timestamp>-04_training folder
+
+# %%
+import json
+
+from IPython.display import HTML, display
+
+from kunlunlab.paths import notebook_run_dir
+from kunlunlab.training.pipeline import TrainingRun, run_config, training_logs
+from kunlunlab.viz import (before_after_figure, before_after_html, data_figure, render_trajectory, save_figure,
+                           sft_loss_figure, training_curves)
+
+cfg = run_config(config, overrides, smoke=smoke)
+run_dir = notebook_run_dir(run_dir, "04_training")
+print("run folder:", run_dir)
+print(json.dumps(cfg.to_dict(), indent=1)[:1500])
+
+# %% [markdown]
+# ## Setting up the run
+#
+# `TrainingRun` loads the data (a synthetic world's training and held-out questions, and the HotpotQA
+# distractor sample split into training and held-out halves), builds the retriever and loads the model. It
+# refuses a run folder that holds a run of a *different* config: resuming there would silently hand back
+# the other run's models.
+
+# %%
+run = TrainingRun(cfg, run_dir, progress=print)
+
+# %% [markdown]
+# ## Stage 0 · evaluation before training
+#
+# The held-out questions were never seen in training (the synthetic ones come from another seed and are
+# checked against the training questions). The untrained model rarely closes an answer tag, so its few
+# correct answers are extracted from free text (the fallback every baseline gets).
+
+# %%
+before = run.evaluate("before") if cfg.eval.before else {}
+{name: {k: part.get(k) for k in ("n", "em", "f1", "format_compliance")} for name, part in before.items()
+ if isinstance(part, dict)}
+
+# %% [markdown]
+# ## Stage 1 · data: the mixed trajectories (eqs. 14–16)
+#
+# Notebook 02 explains the schedule: early epochs hold more high-quality trajectories, later ones more noisy
+# ones (a wrong search or a wrong intermediate answer that the trajectory then corrects), so the model first
+# learns the format and then learns to recover. For the whole agent the trajectories also carry RDRA
+# backgrounds built with real retrieval, *plan samples* (the plan prompt → the plan, so the model learns to
+# write RDRA's plan), and STIE feedback rounds (verify with a new search, answer again; in half of them the
+# first answer was wrong and is corrected).
+
+# %%
+trajectories = run.mix()
+print(f"{len(trajectories)} trajectories")
+fig = data_figure(run.stats_rows)
+save_figure(fig, run_dir, "data")
+fig
+
+# %% [markdown]
+# ## Stage 2 · format cold start (SFT) with retrieved tokens masked (eq. 19)
+#
+# The loss is the usual next-token cross-entropy, but only over the model's own tokens. With $m_t = 1$ for a
+# token the model generated (think, search queries, answers) and $m_t = 0$ for the prompt, every
+# `<result>…</result>` block, STIE's feedback text and the wrong turns of noisy trajectories:
+#
+# $$\mathcal{L}_\text{SFT}(\theta) = -\frac{1}{\sum_t m_t} \sum_t m_t \log \pi_\theta(y_t \mid y_{<t})$$
+#
+# *Why mask retrieved tokens?* They are written by the retriever, not the model: training on them would
+# teach the model to hallucinate passages instead of searching for them, and their length would swamp the
+# loss of the few tokens that decide what to search and answer. (Eq. 19 of the paper is the same masking in
+# the RL objective below; the SFT form above is the workbench's reading.)
+
+# %%
+run.sft()
+fig = sft_loss_figure(training_logs(run_dir)["sft"])
+save_figure(fig, run_dir, "sft_loss")
+fig
+
+# %% [markdown]
+# ## Stage 3 · DAPO (TRL `GRPOTrainer`, `loss_type="dapo"`)
+#
+# For each training question the policy samples a group of $G$ trajectories $o_1 \dots o_G$ with the same
+# rollout engine as inference (RDRA + STIE for the whole agent); each gets notebook 03's dual-mode reward
+# $R_i$ (eqs. 17–18). DAPO (Yu et al., 2025) maximises
+#
+# $$\mathcal{J}(\theta)=\mathbb{E}\Big[\frac{1}{\sum_{i=1}^{G}\sum_t m_{i,t}}\sum_{i=1}^{G}\sum_{t} m_{i,t}\,
+#   \min\big(r_{i,t}(\theta)\hat A_{i},\ \operatorname{clip}(r_{i,t}(\theta),1-\varepsilon_\text{low},
+#   1+\varepsilon_\text{high})\hat A_{i}\big)\Big],\quad
+#   r_{i,t}=\frac{\pi_\theta(o_{i,t}\mid q,o_{i,<t})}{\pi_{\theta_\text{old}}(o_{i,t}\mid q,o_{i,<t})},\quad
+#   \hat A_i=\frac{R_i-\operatorname{mean}(R)}{\operatorname{std}(R)}$$
+#
+# subject to $0 < |\{i : o_i \text{ correct}\}| < G$, where $m_{i,t}$ is eq. 19's mask (`env_mask` from the
+# rollout: retrieved passages and STIE's feedback get no gradient). The choices a learner may question:
+#
+# - **token-level averaging** (the $1/\sum m$ outside both sums): long trajectories are not down-weighted per
+#   token, as they are when each sample's loss is averaged first;
+# - **clip-higher** ($\varepsilon_\text{high} = 0.28 > \varepsilon_\text{low} = 0.2$): lets rare good tokens
+#   grow faster, against entropy collapse; **no KL term** ($\beta = 0$);
+# - **dynamic sampling** (the constraint): a group whose samples are all right or all wrong has
+#   $\hat A_i = 0$ for every $i$, no gradient at all, so it is dropped and replaced by an informative group of
+#   another training question (flatness is judged on accuracy, not on the shaped reward);
+# - **overlong shaping**: a soft penalty as a trajectory nears the token budget.
+
+# %%
+run.dapo()
+logs = training_logs(run_dir)
+fig = training_curves(logs["sft"], logs["dapo"], logs["rollouts"])
+save_figure(fig, run_dir, "training_curves")
+fig
+
+# %% [markdown]
+# ## Stage 4 · evaluation after training
+#
+# EM, F1 (in %) and **format compliance**: the share of trajectories that follow the protocol end to end
+# (an answer tag with `\boxed{}` and no protocol issue on the way).
+
+# %%
+run.evaluate("after")
+summary = run.finish()
+display(HTML(before_after_html(summary)))
+print(f"{summary['steps']} optimizer steps {summary['steps_by_stage']}, {summary['seconds']} s of training "
+      f"{summary['seconds_by_stage']}, {summary['heldout_questions']} held-out questions")
+fig = before_after_figure(summary)
+save_figure(fig, run_dir, "before_after")
+fig
+
+# %% [markdown]
+# ## A trajectory of the trained model
+
+# %%
+records = [json.loads(line) for line in (run_dir / "eval_after_world.jsonl").read_text().splitlines()]
+pick = next((r for r in records if r["em"]), records[0])
+print("gold:", pick["golds"], "| prediction:", pick["prediction"])
+display(HTML(render_trajectory(pick)))
+
+# %% [markdown]
+# Where the EM comes from: answers closed with an answer tag versus answers the evaluation had to extract
+# from free text (the fallback every baseline gets). A gain from following the protocol shows up as tagged
+# answers.
+
+# %%
+print({k: summary.get(k) for k in ("em_tagged_after", "n_tagged_after", "em_fallback_after", "n_fallback_after")})
+print("trajectory mix:", summary["trajectory_mix"])
+
+# %%
+(run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+{k: summary[k] for k in ("em_before", "em_after", "format_compliance_before", "format_compliance_after", "seconds")}

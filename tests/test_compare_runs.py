@@ -1,0 +1,32 @@
+"""Training ablations from run folders: `kunlunlab compare-runs` pairs runs by held-out question."""
+import json
+
+from kunlunlab.cli import main
+
+
+def _run(folder, ems, ids=None):
+    folder.mkdir()
+    ids = ids or [f"q{i}" for i in range(len(ems))]
+    rows = [{"id": i, "em": em, "f1": em, "searches": 2} for i, em in zip(ids, ems)]
+    (folder / "eval_after_world.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_compare_runs_reports_each_run_against_the_first(tmp_path, capsys):
+    ref = _run(tmp_path / "kunlun", [1, 1, 1, 0])
+    other = _run(tmp_path / "agent", [1, 0, 0, 0])
+    assert main(["compare-runs", f"kunlun={ref}", f"agent={other}"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = {r[0]: r for r in out["rows"]}
+    assert rows["kunlun"][1:4] == [4, 75.0, 75.0] and rows["kunlun"][5] == "–"
+    assert rows["agent"][1:4] == [4, 25.0, 25.0] and rows["agent"][5].startswith("-50.0 [")
+
+
+def test_compare_runs_refuses_other_questions_and_missing_runs(tmp_path, capsys):
+    ref = _run(tmp_path / "kunlun", [1, 0])
+    other = _run(tmp_path / "other", [1, 0], ids=["x1", "x2"])
+    assert main(["compare-runs", f"kunlun={ref}", f"other={other}"]) == 2
+    assert "differ from kunlun's: not comparable" in capsys.readouterr().err
+    assert main(["compare-runs", f"kunlun={ref}", f"gone={tmp_path / 'gone'}"]) == 2
+    assert "is not a finished training run folder" in capsys.readouterr().err
+    assert main(["compare-runs", "no-equals-sign"]) == 2
