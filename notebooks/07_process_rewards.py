@@ -62,6 +62,7 @@ from IPython.display import HTML, display
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
 from kunlunlab.training.comparison import cost_table, reference_mismatch, run_costs
 from kunlunlab.training.pipeline import TrainingRun, compare_runs, run_config, training_logs
+from kunlunlab.training.process_rewards import read_preferences
 from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair_stats_table, save_figure, table_html,
                            tree_html)
 
@@ -335,7 +336,7 @@ fig
 # teach *which* query or answer, cross-action pairs teach *when to stop*.
 
 # %%
-pairs = ([json.loads(line) for line in (prl_dir / "preferences.jsonl").read_text().splitlines() if line.strip()]
+pairs = (read_preferences(prl_dir / "preferences.jsonl")
          if (prl_dir / "preferences.jsonl").is_file() else [])
 stats = pair_stats(pairs)
 header_p, rows_p = pair_stats_table(stats)

@@ -321,27 +321,40 @@ class TrainingRun:
                           gradient_checkpointing=cfg.gradient_checkpointing)
         self._finish_stage("sft", trainer, final, t0)
 
+    def _resumed(self, stage: str) -> bool:
+        """A stage after SFT that already finished: its final model is loaded and True returned. Otherwise the
+        model is frozen as SFT froze it (when SFT did not run in this process) and False returned."""
+        from kunlunlab.models import load_llm
+
+        if self.state.get(f"{stage}_done"):
+            self.model, self.tok = load_llm(str(self.run_dir / stage / "final"))
+            return True
+        if not self._frozen:
+            self._freeze()
+        return False
+
+    def _rollout_config(self):
+        """The agent's budgets in training rollouts (DAPO's and the PRL tree search's)."""
+        from kunlunlab.agent.rollout import RolloutConfig
+
+        cfg = self.cfg
+        return RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
+                             max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
+                             max_result_chars=cfg.max_result_chars)
+
     def prl(self) -> None:
         """Optional stage (``cfg.prl``): ReasonRAG's process supervision — MCTS over the current model's steps on
         the first ``prl.questions`` training questions (RDRA backgrounds in the prompts for the whole agent),
         SPRE values, step preference pairs (``prl/preferences.jsonl``, ``prl/trees.jsonl``), then DPO."""
         from kunlunlab.agent.backends import TransformersBackend
         from kunlunlab.agent.rdra import rdra_contexts
-        from kunlunlab.agent.rollout import RolloutConfig
-        from kunlunlab.models import load_llm
         from kunlunlab.training.dpo import run_dpo
         from kunlunlab.training.process_rewards import collect_preferences, read_preferences
 
         cfg = self.cfg
-        if not cfg.prl.enabled:
+        if not cfg.prl.enabled or self._resumed("prl"):
             return
-        final = self.run_dir / "prl" / "final"
-        if self.state.get("prl_done"):
-            self.model, self.tok = load_llm(str(final))
-            return
-        if not self._frozen:
-            self._freeze()
-        t0 = time.perf_counter()
+        final, t0 = self.run_dir / "prl" / "final", time.perf_counter()
         self.model.eval()
         examples = self.data.train[:cfg.prl.questions]
         prefs = self.run_dir / "prl" / "preferences.jsonl"
@@ -354,9 +367,7 @@ class TrainingRun:
                 questions = [ex.question for ex in examples]
                 contexts = rdra_contexts(backend, self.retriever.search, questions, cfg.agent.rdra)
                 backgrounds = {q: c.background for q, c in zip(questions, contexts)}
-            rollout = RolloutConfig(max_turn_tokens=cfg.dapo.max_turn_tokens, max_total_tokens=cfg.dapo.max_total_tokens,
-                                    top_k=cfg.top_k, max_result_chars=cfg.max_result_chars)
-            rows = collect_preferences(backend, self.retriever.search, examples, self.run_dir / "prl", rollout,
+            rows = collect_preferences(backend, self.retriever.search, examples, self.run_dir / "prl", self._rollout_config(),
                                        cfg.prl.mcts, progress=self.say, backgrounds=backgrounds)
             self.state.set("prl_mcts_seconds", round(time.perf_counter() - t0, 1))
         self.say(f"PRL: {len(rows)} step preference pairs from {len(examples)} trees")
@@ -372,27 +383,16 @@ class TrainingRun:
 
     def dapo(self) -> None:
         """Stage 2: DAPO through TRL's ``GRPOTrainer``, rollouts by the agent (RDRA + STIE for ``kunlun``)."""
-        from kunlunlab.agent.rollout import RolloutConfig
-        from kunlunlab.models import load_llm
         from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 
         cfg, data = self.cfg, self.data
-        if not cfg.dapo.enabled:
+        if not cfg.dapo.enabled or self._resumed("dapo"):
             return
-        final = self.run_dir / "dapo" / "final"
-        if self.state.get("dapo_done"):
-            self.model, self.tok = load_llm(str(final))
-            return
-        if not self._frozen:
-            self._freeze()
-        t0 = time.perf_counter()
+        final, t0 = self.run_dir / "dapo" / "final", time.perf_counter()
         self.model.train()
-        rollout_cfg = RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
-                                    max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
-                                    max_result_chars=cfg.max_result_chars)
         whole = cfg.agent.whole
         rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in data.train},
-                                rollout_cfg, cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
+                                self._rollout_config(), cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
                                 rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None,
                                 supporting={q.question: list(q.supporting_ids) for q in data.train})
         dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])

@@ -643,15 +643,19 @@ def preference_pairs(trees: Iterable[SearchTree], min_gap: float = 0.01, cross_a
     return pairs
 
 
-def write_preferences(path: str | Path, pairs: Iterable[PreferencePair]) -> int:
+def _write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with path.open("w") as f:
-        for p in pairs:
-            f.write(json.dumps(p.to_dict()) + "\n")
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
             n += 1
     return n
+
+
+def write_preferences(path: str | Path, pairs: Iterable[PreferencePair]) -> int:
+    return _write_jsonl(path, (p.to_dict() for p in pairs))
 
 
 def read_preferences(path: str | Path) -> list[dict]:
@@ -661,14 +665,7 @@ def read_preferences(path: str | Path) -> list[dict]:
 
 
 def write_trees(path: str | Path, trees: Iterable[SearchTree]) -> int:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with path.open("w") as f:
-        for t in trees:
-            f.write(json.dumps(t.to_dict()) + "\n")
-            n += 1
-    return n
+    return _write_jsonl(path, (t.to_dict() for t in trees))
 
 
 def tree_stats(trees: Sequence[SearchTree], pairs: Sequence[PreferencePair]) -> dict:
