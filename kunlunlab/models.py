@@ -24,6 +24,39 @@ _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_UPSTREAM = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
+INFERENCE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def native_bf16_cpu() -> bool:
+    """True when this CPU multiplies bf16 in hardware (AMX or AVX512-BF16). Elsewhere bf16 on CPU is
+    emulated and slower than float32, so ``auto`` keeps float32 there."""
+    import torch
+
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # no /proc (macOS, Windows): trust oneDNN's answer only on Apple-less x86 Linux-like hosts
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def resolve_inference_dtype(dtype: str, device: str | None = None) -> str:
+    """The dtype generation runs in. ``auto``: bfloat16 on a CUDA GPU that supports it and on a CPU with
+    native bf16, float32 elsewhere. Measured on the 2-core AMX machine (trained SmolLM2-135M, ``kunlun``
+    over 20 held-out world questions, batch 20): 75 s in float32, 38 s in bfloat16, the same 20 answers;
+    autocast over float32 weights gave no speed-up (80 s: every call re-casts the weights)."""
+    import torch
+
+    if dtype not in INFERENCE_DTYPES:
+        raise ValueError(f"unknown inference dtype {dtype!r}; choose from {INFERENCE_DTYPES}")
+    if dtype != "auto":
+        return dtype
+    if (device or "cpu").startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if native_bf16_cpu() else "float32"
+
+
 class ModelNotAvailableError(RuntimeError):
     """A model could not be found locally; the message says what to install or set."""
 

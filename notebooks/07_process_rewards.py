@@ -42,12 +42,12 @@
 # Parameters (papermill overrides these)
 ref_run = None            # notebook 04's training run folder (make run passes it); None: train an SFT-only run here
 config = "experiments/configs/training/train_embedded_cpu.json"   # relative to the repository root, or absolute
-prl_questions = 8         # ReasonRAG: training questions searched as trees
-mcts_iterations = 4       # selections per tree
+prl_questions = 6         # ReasonRAG: training questions searched as trees
+mcts_iterations = 3       # selections per tree
 children_per_node = 3     # sampled steps per expansion
 dpo_learning_rate = 5e-6  # ReasonRAG's DPO stage
 budget_weight = 0.5       # FrugalRAG: w_budget, the weight of the search-budget term in the DAPO reward
-dapo_steps = 4            # DAPO optimizer steps of the trained DAPO runs (notebook 04's config has 4)
+dapo_steps = 2            # DAPO + budget's optimizer steps (notebook 04's DAPO has 4; make run's size, see the README)
 variant_hotpot = False    # also evaluate the variants on the held-out HotpotQA questions (about 2 min more each)
 smoke = False
 run_dir = None            # None: a new experiments/runs/<timestamp>-07_process_rewards folder

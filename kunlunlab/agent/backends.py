@@ -104,15 +104,42 @@ def _find_stop(tokenizer, ids: list[int], stop: Sequence[str]) -> str | None:
     return None
 
 
+def _in_dtype(model, dtype: str):
+    """``model`` itself when it already has ``dtype``, else a frozen copy in ``dtype`` (135M parameters: ~0.3 s)."""
+    import copy
+
+    import torch
+
+    target = getattr(torch, dtype)
+    if next(model.parameters()).dtype == target:
+        return model
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for p in model.parameters():  # the copy needs no gradients; they are put back on the original
+        p.grad = None
+    try:
+        copied = copy.deepcopy(model)
+    finally:
+        for n, p in model.named_parameters():
+            p.grad = grads[n]
+    copied.to(target).requires_grad_(False).eval()
+    return copied
+
+
 class TransformersBackend:
     """Local model; ``model``/``tokenizer`` given, or loaded by name (None: the embedded SmolLM2)."""
 
     def __init__(self, name: str | None = None, model=None, tokenizer=None, device: str | None = None,
-                 dtype: str = "float32"):
-        if model is None or tokenizer is None:
-            from kunlunlab.models import load_llm
+                 dtype: str = "auto"):
+        """``dtype``: the dtype generation runs in (``auto``: bfloat16 where the hardware multiplies it
+        natively, see :func:`kunlunlab.models.resolve_inference_dtype`). A given ``model`` in another dtype
+        (a training model in float32) is copied once into that dtype for generation, so a backend is a
+        snapshot of the weights at its creation: the DAPO rollout builds a new one for every rollout call."""
+        from kunlunlab.models import load_llm, resolve_inference_dtype
 
-            model, tokenizer = load_llm(name, dtype=dtype, device=device)
+        if model is None or tokenizer is None:
+            model, tokenizer = load_llm(name, dtype=resolve_inference_dtype(dtype, device), device=device)
+        else:
+            model = _in_dtype(model, resolve_inference_dtype(dtype, str(next(model.parameters()).device)))
         self.model, self.tokenizer = model, tokenizer
         self.name = name or "smollm2-135m-instruct"
         self.eos_ids = _eos_ids(tokenizer)

@@ -92,6 +92,7 @@ class EvalConfig:
     index_kind: str = "flat"
     embedder: str | None = None
     batch_size: int = 8
+    dtype: str = "auto"             # generation dtype; auto: bfloat16 where the hardware has it (2x on AMX CPUs)
     world_passages: int = 2000
     seed: int = 0
     # the agent's budgets (searches, tokens per turn and per trajectory, passages per search, characters per
@@ -254,7 +255,7 @@ def make_backend(config: EvalConfig):
 
     if config.llm_url:
         return OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
-    return TransformersBackend(config.model)
+    return TransformersBackend(config.model, dtype=config.dtype)
 
 
 def make_judge_backend(config: EvalConfig, backend):
@@ -271,7 +272,7 @@ def make_judge_backend(config: EvalConfig, backend):
         return OpenAIBackend(config.judge_url, config.judge)
     if config.judge == SELF_JUDGE or config.judge in (config.model, backend.name):
         return backend
-    return TransformersBackend(config.judge)
+    return TransformersBackend(config.judge, dtype=config.dtype)
 
 
 def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):

@@ -118,6 +118,7 @@ class TrainConfig:
     threads: int | None = None
     seed: int = 0
     bf16: bool = False
+    inference_dtype: str = "auto"    # rollouts and evaluations generate in it (auto: bfloat16 on AMX/AVX512-BF16 CPUs)
     gradient_checkpointing: bool = False
     deepspeed: str | None = None     # a DeepSpeed JSON config (multi-GPU); launched through accelerate
     agent: AgentSpec = field(default_factory=AgentSpec)

@@ -49,12 +49,15 @@ class SearchRollout:
     def __init__(self, search, tokenizer, answers: dict[str, list[str]], rollout: RolloutConfig,
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
                  system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
-                 supporting: dict[str, list[str]] | None = None):
+                 supporting: dict[str, list[str]] | None = None, inference_dtype: str = "auto"):
         """``answers``: every training question with its gold answers (the refill pool of dynamic sampling);
         ``rdra`` (an :class:`~kunlunlab.agent.rdra.RDRAConfig`) and ``stie`` (a
         :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out.
-        ``supporting``: each question's gold passage ids, for the search-budget reward (``rewards.w_budget``)."""
+        ``supporting``: each question's gold passage ids, for the search-budget reward (``rewards.w_budget``).
+        ``inference_dtype``: the dtype rollouts generate in (``auto``: bfloat16 on CPUs with native bf16); the
+        loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
+        self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
         self._background_ids: dict[str, list[str]] = {}
         self.rollout, self.dapo, self.rewards = rollout, dapo, rewards
@@ -69,7 +72,7 @@ class SearchRollout:
         """The policy itself on this process; with ``use_vllm`` (server mode) TRL's vLLM server, which
         speaks ``/v1/completions`` and gets the new weights from TRL before every rollout call."""
         if not getattr(trainer, "use_vllm", False):
-            return TransformersBackend(model=model, tokenizer=self.tokenizer)
+            return TransformersBackend(model=model, tokenizer=self.tokenizer, dtype=self.inference_dtype)
         if trainer.args.vllm_mode != "server":
             raise ValueError("SearchRollout drives multi-turn rollouts through a vLLM server: set dapo.vllm_mode "
                              "to 'server' and start `trl vllm-serve --model <model>`")

@@ -107,7 +107,7 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     if not examples:
         return {}
     model.eval()
-    backend = TransformersBackend(model=model, tokenizer=tokenizer)
+    backend = TransformersBackend(model=model, tokenizer=tokenizer, dtype=cfg.inference_dtype)
     backend.name = cfg.model or "smollm2-135m-instruct"
     ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(examples), judge=None, index_kind=cfg.index_kind,
                                          embedder=cfg.embedder, batch_size=cfg.eval.batch_size, seed=cfg.world_seed,
@@ -361,7 +361,7 @@ class TrainingRun:
         if prefs.is_file():  # the tree search finished before an interruption: its pairs are read back
             rows = read_preferences(prefs)
         else:
-            backend = TransformersBackend(model=self.model, tokenizer=self.tok)
+            backend = TransformersBackend(model=self.model, tokenizer=self.tok, dtype=cfg.inference_dtype)
             backgrounds = None
             if cfg.agent.whole:
                 questions = [ex.question for ex in examples]
@@ -394,7 +394,8 @@ class TrainingRun:
         rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in data.train},
                                 self._rollout_config(), cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
                                 rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None,
-                                supporting={q.question: list(q.supporting_ids) for q in data.train})
+                                supporting={q.question: list(q.supporting_ids) for q in data.train},
+                                inference_dtype=cfg.inference_dtype)
         dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
         trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
                            cfg.seed, callbacks=self.dapo_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
@@ -405,7 +406,7 @@ class TrainingRun:
         """``training_summary.json`` from the evaluations before and after and the stages' seconds and steps."""
         if not self.main_process:
             return {}
-        if self.trajectories is None:
+        if self.trajectories is None and self.cfg.sft.enabled:  # a run without SFT mixes no SFT data
             self.mix()
         before = self.evaluations.get("before") or (self.evaluate("before") if self.cfg.eval.before else {})
         after = self.evaluations.get("after") or self.evaluate("after")
@@ -420,7 +421,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     run = TrainingRun(cfg, run_dir, progress, sft_callbacks, dapo_callbacks)
     if cfg.eval.before:
         run.evaluate("before")
-    run.mix()
+    if cfg.sft.enabled:
+        run.mix()
     run.sft()
     run.prl()
     run.dapo()
@@ -459,7 +461,9 @@ def _write_log(path: Path, history: list[dict]) -> None:
 
 
 def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, steps: dict, trajectories,
-                  stats_rows: list[dict]) -> dict:
+                  stats_rows: list[dict] | None) -> dict:
+    stats_rows = stats_rows or []
+
     def pct(x):
         return None if x is None else round(100 * x, 2)
 
@@ -477,7 +481,7 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
         "model": cfg.model or "smollm2-135m-instruct", "eval_method": cfg.eval.method, "agent": cfg.agent.method,
         "em_tagged_after": pct(wa.get("em_tagged")), "em_fallback_after": pct(wa.get("em_fallback")),
         "n_tagged_after": wa.get("n_tagged"), "n_fallback_after": wa.get("n_fallback"),
-        "trajectories": len(trajectories),
+        "trajectories": len(trajectories or []),  # 0: SFT was off in this run (a variant of a trained model)
         "trajectory_mix": {**{q: sum(1 for r in stats_rows if r["quality"] == q and not r["partial"]
                                      and r["kind"] == "trajectory") for q in ("hq", "noisy")},
                            "first_turn": sum(1 for r in stats_rows if r["partial"]),
