@@ -2,6 +2,8 @@
 
     python -m kunlunlab.bench retrieval [--n 100000] [--mode world|gaussian] [--queries 1000]
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
+    python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
+    python -m kunlunlab.bench encode [--n 10000] [--precisions float32,bfloat16,int8]
 
 ``retrieval``: exact Flat vs IVF-PQ vs the clustering retriever, one query at a time, the same
 FAISS thread count for every index, recall@10 against exact top-10, measured by
@@ -16,6 +18,10 @@ number of tokens per row on the same model and prompts; plus retrieval time per 
 per round. The embedded model does not search on its own before training, so the benchmark opens
 each turn with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model
 writes, the retrieval calls and the appended results are all real.
+
+``service``: the retrieval service under ``--clients`` concurrent closed-loop clients, micro-batching
+on and then off (one request per search), same index and queries; requests/s, p50/p99 latency,
+errors, lost requests and ``batching_speedup`` (requests/s with batching / without).
 """
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ class RetrievalBenchConfig:
     repeats: int = 3  # timed passes per index; the median is reported
     k: int = 10
     ivfpq_nprobe: int = 16
+    budget: int = 0  # the cluster retriever's candidate budget; 0: auto (auto_candidate_budget of N and nlist)
+    pareto: bool = True  # also sweep FAISS's strongest configurations and the clustering retriever (pareto_sweep)
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 80
     embedder: str | None = None
     seed: int = 0
 
@@ -79,10 +89,15 @@ def gaussian_vectors(n: int, n_queries: int, dim: int = 384, n_modes: int = 2048
 
 def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     """Exact Flat, IVF-PQ at ``ivfpq_nprobe`` and the clustering retriever (both re-ranking sources) at
-    their default settings, measured by :func:`~kunlunlab.retrieval.evaluation.compare_indexes` (the
-    comparison notebook 01 draws), after ``warmup_queries`` served queries distinct from the timed ones."""
+    their default settings (candidate budget ``budget``, 0: auto), measured by
+    :func:`~kunlunlab.retrieval.evaluation.compare_indexes` (the comparison notebook 01 draws), after
+    ``warmup_queries`` served queries distinct from the timed ones. With ``pareto``, also
+    :func:`~kunlunlab.retrieval.evaluation.pareto_sweep` over the same builds and queries: ``pareto`` (one
+    row per family and setting) and ``best_at_095`` (per family, the fastest setting with recall@10 ≥ 0.95,
+    or None and the best recall reached)."""
     from kunlunlab.retrieval.clustered import ClusterConfig
-    from kunlunlab.retrieval.evaluation import compare_indexes
+    from kunlunlab.retrieval.evaluation import best_at, compare_indexes, pareto_sweep
+    from kunlunlab.retrieval.indexes import HNSWConfig
 
     total_queries = cfg.queries + cfg.warmup_queries
     if cfg.mode == "world":
@@ -99,13 +114,13 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
 
     result = compare_indexes(vectors, queries, ("ivfpq", "cluster_pq"), k=cfg.k, threads=cfg.threads,
                              repeats=cfg.repeats, nprobe_grid=(cfg.ivfpq_nprobe,),
-                             cluster_config=ClusterConfig(seed=cfg.seed), warmup=warmup)
+                             cluster_config=ClusterConfig(seed=cfg.seed, candidate_budget=cfg.budget), warmup=warmup)
     cluster = result.indexes["cluster"]
     print(f"[bench] cluster retriever built in {result.build_seconds['cluster']:.1f}s: {cluster.build_seconds}",
           file=sys.stderr)
     flat, ivfpq = result.row("flat"), result.row("ivfpq")
     clustered, clustered_pq = result.row("cluster"), result.row("cluster_pq")
-    return {
+    out = {
         "n_vectors": int(n), "dim": int(dim), "mode": cfg.mode, "threads": cfg.threads, "queries": len(queries), "repeats": cfg.repeats,
         "flat_ms": round(flat.ms_per_query, 4), "ivfpq_ms": round(ivfpq.ms_per_query, 4),
         "cluster_ms": round(clustered.ms_per_query, 4),
@@ -123,7 +138,17 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
         "ivfpq_nprobe": int(ivfpq.value), "nlist": cluster.nlist,
         "cluster_temperature": round(cluster.temperature(), 4),
         "cluster_build_s": round(result.build_seconds["cluster"], 1),
+        "cluster_budget": cluster.budget(cfg.k),
     }
+    if cfg.pareto:
+        start = time.perf_counter()
+        rows = pareto_sweep(vectors, queries, k=cfg.k, threads=cfg.threads, repeats=cfg.repeats, comparison=result,
+                            hnsw=HNSWConfig(m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction),
+                            log=lambda line: print(f"[pareto] {line}", file=sys.stderr, flush=True))
+        out["pareto"] = rows
+        out["best_at_095"] = best_at(rows, 0.95, cfg.k)
+        out["pareto_s"] = round(time.perf_counter() - start, 1)
+    return out
 
 
 @dataclass
@@ -192,6 +217,159 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
             "stie_ms_per_round": round(stie_ms, 4), "threads": torch.get_num_threads()}
 
 
+@dataclass
+class EncodeBenchConfig:
+    n: int = 10_000              # world passages in the flat index that the encoded queries search
+    queries: int = 512           # distinct world sub-questions timed per batch size
+    precisions: str = "float32,bfloat16,int8"
+    embedder: str | None = None
+    repeats: int = 3             # timed passes per (precision, batch size); the median is reported
+    seed: int = 0
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def bench_encode(cfg: EncodeBenchConfig) -> dict:
+    """Query encoding, the dominant cost of a retrieval call: queries/s at batch 1, 8 and 64 per query
+    precision (``Encoder(query_precision=...)``), end-to-end retrieval (encode + exact search of the
+    top-10 over ``n`` passages) per call of 8 new queries, the same call served from the query cache, and
+    recall@10 of each precision's top-10 against float32 queries' top-10 on the same index. The top-level
+    figures are those of ``auto`` (what the retriever uses by default)."""
+    import faiss
+    import torch
+
+    from kunlunlab.data.questions import make_questions
+    from kunlunlab.data.world import World
+    from kunlunlab.retrieval.encoder import Encoder, corpus_embeddings, query_model, resolve_query_precision
+
+    world = World.generate(n_passages=cfg.n, seed=cfg.seed)
+    encoder = Encoder(cfg.embedder)
+    index = faiss.IndexFlatIP(encoder.dim)
+    index.add(np.ascontiguousarray(corpus_embeddings(encoder, world.passages, progress=True), dtype=np.float32))
+    questions = make_questions(world, max(64, cfg.queries), seed=cfg.seed + 1)
+    texts = list(dict.fromkeys(hop.question for q in questions for hop in q.chain))[:cfg.queries]
+    _, exact = index.search(encoder.embed_queries(texts), 10)
+    results = {}
+    for precision in [p.strip() for p in cfg.precisions.split(",") if p.strip()]:
+        encoder.query_precision, encoder.query_model = precision, query_model(encoder.model, precision)
+        encoder.embed_queries(texts[:64])  # warm-up: allocator, oneDNN kernels for these shapes
+        row = {}
+        for batch in (1, 8, 64):
+            chunks = [texts[i:i + batch] for i in range(0, min(len(texts), 8 * 64 if batch > 1 else 64), batch)]
+            seconds = _median_seconds(lambda: [encoder.embed_queries(c) for c in chunks], cfg.repeats)
+            row[f"queries_per_s_b{batch}"] = round(sum(map(len, chunks)) / seconds, 1)
+        calls = [texts[i:i + 8] for i in range(0, min(len(texts), 256), 8)]
+        seconds = _median_seconds(lambda: [index.search(encoder.embed_queries(c), 10) for c in calls], cfg.repeats)
+        row["retrieval_ms_per_call_8"] = round(1000 * seconds / len(calls), 2)
+        _, found = index.search(encoder.embed_queries(texts), 10)
+        row["recall_at_10_vs_float32"] = round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in
+                                                              zip(found, exact)])), 4)
+        results[precision] = row
+        print(precision, json.dumps(row), flush=True)
+    encoder.encode_queries(texts)  # the LRU path: the same calls again, every query already embedded
+    seconds = _median_seconds(lambda: [index.search(encoder.encode_queries(c), 10) for c in calls], cfg.repeats)
+    auto = resolve_query_precision("auto")
+    best = results.get(auto) or results["float32"]
+    base = results.get("float32", best)
+    return {**{k: best[k] for k in ("queries_per_s_b1", "queries_per_s_b8", "queries_per_s_b64",
+                                    "retrieval_ms_per_call_8")},
+            "recall_at_10_change": round(best["recall_at_10_vs_float32"] - 1.0, 4),
+            "precision": auto if auto in results else "float32",
+            "speedup_b8_vs_float32": round(best["queries_per_s_b8"] / base["queries_per_s_b8"], 2),
+            "cached_retrieval_ms_per_call_8": round(1000 * seconds / len(calls), 3),
+            "by_precision": results, "n": cfg.n, "queries": len(texts), "threads": torch.get_num_threads()}
+
+
+@dataclass
+class ServiceBenchConfig:
+    clients: int = 32
+    duration: float = 60.0       # measured seconds per mode
+    warmup: float = 3.0          # seconds of load before each measured run
+    n: int = 20_000              # synthetic-world passages
+    kind: str = "flat"
+    queries_per_request: int = 1
+    topk: int = 3
+    batch_window_ms: float = 3.0
+    max_batch_queries: int = 64
+    threads: int = 0             # torch/FAISS threads in the service; 0: their defaults
+    embedder: str | None = None
+    seed: int = 0
+
+
+def bench_service(cfg: ServiceBenchConfig) -> dict:
+    """The retrieval service (:class:`~kunlunlab.retrieval.service.ServiceThread` on loopback) under
+    ``clients`` closed-loop clients, micro-batching on, then off, over the same retriever and queries.
+
+    The load runs in its own process (:mod:`kunlunlab.retrieval.loadtest`), as real clients do: in this
+    one it would compete with the server for the GIL. The query cache is off, so every query is embedded
+    and the comparison is of encoding and search work, not of cache hits."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from kunlunlab.data.questions import make_questions
+    from kunlunlab.data.world import World
+    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+    from kunlunlab.retrieval.service import ServiceThread
+
+    world = World.generate(n_passages=cfg.n, seed=cfg.seed)
+    retriever = build_retriever(world.passages, IndexConfig(kind=cfg.kind, embedder=cfg.embedder), progress=True)
+    if retriever.encoder is not None:
+        retriever.encoder.cache_size = 0
+    if cfg.threads:
+        import faiss
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+        faiss.omp_set_num_threads(cfg.threads)
+    questions = make_questions(world, 2000, seed=cfg.seed + 1)
+    texts = list(dict.fromkeys([hop.question for q in questions for hop in q.chain] + [q.question for q in questions]))
+    texts = [texts[i] for i in np.random.default_rng(cfg.seed).permutation(len(texts))]
+    print(f"service bench: {cfg.kind} index over {cfg.n} world passages, {len(texts)} distinct queries, "
+          f"{cfg.clients} clients x {cfg.queries_per_request} query/request, topk {cfg.topk}, {cfg.duration:g} s "
+          f"per mode after {cfg.warmup:g} s warm-up, query cache off, {os.cpu_count()} CPUs", flush=True)
+    keys = ("clients", "requests", "requests_per_s", "p50_ms", "p99_ms", "errors", "lost")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        queries_file = Path(tmp) / "queries.txt"
+        queries_file.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
+        for label, batching in (("batched", True), ("unbatched", False)):
+            with ServiceThread(retriever, micro_batching=batching, batch_window_ms=cfg.batch_window_ms,
+                               max_batch_queries=cfg.max_batch_queries) as url:
+                command = [sys.executable, "-m", "kunlunlab.retrieval.loadtest", url, "--queries-file",
+                           str(queries_file), "--clients", str(cfg.clients), "--duration", str(cfg.duration),
+                           "--warmup", str(cfg.warmup), "--queries-per-request", str(cfg.queries_per_request),
+                           "--topk", str(cfg.topk)]
+                done = subprocess.run(command, capture_output=True, text=True,
+                                      timeout=cfg.duration + cfg.warmup + 600)
+                if done.returncode:
+                    raise RuntimeError(f"the load test failed: {done.stderr[-2000:]}")
+                stats = json.loads(done.stdout.strip().splitlines()[-1])
+                stats["mean_batch_queries"] = httpx.get(url + "/health").json()["mean_batch_queries"]
+            runs[label] = stats
+            print(f"{label:>9}: {stats['requests_per_s']} requests/s, p50 {stats['p50_ms']} ms, p99 "
+                  f"{stats['p99_ms']} ms, {stats['requests']} requests, {stats['errors']} errors, {stats['lost']} "
+                  f"lost, {stats['mean_batch_queries']} queries per search", flush=True)
+    batched, unbatched = runs["batched"], runs["unbatched"]
+    speedup = round(batched["requests_per_s"] / max(unbatched["requests_per_s"], 1e-9), 2)
+    print(f"micro-batching speedup at {cfg.clients} clients: {speedup}x", flush=True)
+    return {**{k: batched[k] for k in keys}, "batching_speedup": speedup,
+            "mean_batch_queries": batched["mean_batch_queries"],
+            "unbatched": {k: unbatched[k] for k in keys + ("mean_batch_queries",)},
+            "n": cfg.n, "kind": cfg.kind, "duration_s": cfg.duration, "queries_per_request": cfg.queries_per_request,
+            "topk": cfg.topk, "batch_window_ms": cfg.batch_window_ms, "threads": cfg.threads, "cpus": os.cpu_count()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kunlunlab.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -200,12 +378,29 @@ def main(argv: list[str] | None = None) -> int:
     defaults = RetrievalBenchConfig()
     for name, value in asdict(defaults).items():
         flag = "--" + name.replace("_", "-")
-        r.add_argument(flag, type=type(value) if value is not None else str, default=value)
+        if isinstance(value, bool):  # --pareto / --no-pareto
+            r.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            r.add_argument(flag, type=type(value) if value is not None else str, default=value)
     o = sub.add_parser("rollout", help="multi-turn rollout vs plain batched generation; STIE cost")
     rollout_defaults = RolloutBenchConfig()
     for name, value in asdict(rollout_defaults).items():
         o.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    e = sub.add_parser("encode", help="query encoding: queries/s at batch 1/8/64 per precision, recall@10 change")
+    encode_defaults = EncodeBenchConfig()
+    for name, value in asdict(encode_defaults).items():
+        e.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    v = sub.add_parser("service", help="retrieval service under concurrent clients, micro-batching on vs off")
+    service_defaults = ServiceBenchConfig()
+    for name, value in asdict(service_defaults).items():
+        v.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
     args = parser.parse_args(argv)
+    if args.which == "service":
+        print(json.dumps(bench_service(ServiceBenchConfig(**{k: getattr(args, k) for k in asdict(service_defaults)}))))
+        return 0
+    if args.which == "encode":
+        print(json.dumps(bench_encode(EncodeBenchConfig(**{k: getattr(args, k) for k in asdict(encode_defaults)}))))
+        return 0
     if args.which == "retrieval":
         cfg = RetrievalBenchConfig(**{k: getattr(args, k) for k in asdict(defaults)})
         print(json.dumps(bench_retrieval(cfg)))

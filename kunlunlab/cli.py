@@ -50,8 +50,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kunlunlab.retrieval.service import serve
     from kunlunlab.retrieval.store import load_retriever
 
-    retriever = load_retriever(args.index, embedder=args.embedder)
-    serve(retriever, host=args.host, port=args.port, added_latency_ms=args.added_latency_ms)
+    try:
+        retriever = load_retriever(args.index, embedder=args.embedder)
+    except (OSError, ValueError) as err:  # missing, corrupt or mismatched index: one line, not a traceback
+        raise SystemExit(f"kunlunlab serve-retriever: {err}") from err
+    serve(retriever, host=args.host, port=args.port, added_latency_ms=args.added_latency_ms,
+          micro_batching=not args.no_micro_batching, batch_window_ms=args.batch_window_ms,
+          max_batch_queries=args.max_batch_queries, max_queue=args.max_queue)
     return 0
 
 
@@ -243,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--added-latency-ms", type=float, default=0.0, help="simulate a slower web-search tier")
+    s.add_argument("--batch-window-ms", type=float, default=3.0,
+                   help="how long a request waits for others to share its batched search")
+    s.add_argument("--max-batch-queries", type=int, default=64, help="queries per batched search")
+    s.add_argument("--max-queue", type=int, default=1024,
+                   help="queries allowed to wait; beyond it requests get 503 with Retry-After")
+    s.add_argument("--no-micro-batching", action="store_true", help="search one request at a time")
     s.set_defaults(func=cmd_serve)
 
     m = sub.add_parser("serve-llm", help="serve a local model on an OpenAI-compatible /v1/completions endpoint")

@@ -60,7 +60,7 @@ from pathlib import Path
 from IPython.display import HTML, display
 
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
-from kunlunlab.training.comparison import cost_table, reference_mismatch, run_costs
+from kunlunlab.training.comparison import cost_table, reference_mismatch, run_costs, train_variant
 from kunlunlab.training.pipeline import TrainingRun, compare_runs, run_config, training_logs
 from kunlunlab.training.process_rewards import read_preferences
 from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair_stats_table, save_figure, table_html,
@@ -131,8 +131,9 @@ print("SFT checkpoint:", sft_final)
 # %% [markdown]
 # ## Running a variant
 #
-# `train_variant` runs the stages of `train()` in order (SFT is switched off, so it is a no-op; PRL and DAPO
-# run when the variant enables them; then the evaluation after training and `training_summary.json`). It
+# `train_variant` (`kunlunlab/training/comparison.py`) runs the stages of `train()` in order (SFT is
+# switched off, so it is a no-op; PRL and DAPO run when the variant enables them; then the evaluation after
+# training and `training_summary.json`). It
 # differs from `train()` in one place: `TrainingRun.prl` raises when the tree search found **no preference
 # pair** (every explored sibling scored the same, which an untrained or tiny model easily produces: all its
 # answers are wrong, so every value is 0). DPO then has nothing to learn from and the model *is* the SFT
@@ -140,34 +141,17 @@ print("SFT checkpoint:", sft_final)
 # is not evaluated, and the tables keep its row with the reason. Any other error stops the notebook.
 
 # %%
-NO_PAIRS = "PRL: the tree search produced no preference pairs"
-
-
-def train_variant(name: str, extra: dict) -> Path:
-    folder = run_dir / FOLDERS[name]
-    cfg = run_config(config, {**common, **extra}, smoke=smoke)
-    run = TrainingRun(cfg, folder, progress=print)
-    run.sft()
-    try:
-        run.prl()
-    except RuntimeError as err:
-        if not str(err).startswith(NO_PAIRS):
-            raise
-        untrained[name] = f"not trained: {err}"
-        print(f"{name}: {untrained[name]}")
-        return folder
-    run.dapo()
-    run.evaluate("after")
-    summary = run.finish()
-    print(f"{name}: world EM {summary['em_after']} F1 {summary['f1_after']}, {summary['seconds']} s of training")
-    return folder
-
-
 def add_variant(name: str, extra: dict) -> None:
     if name in folders:  # the reference run or the SFT run trained above
         print(f"{name}: {folders[name]} ({notes.get(name, '')})")
         return
-    folders[name] = train_variant(name, extra)
+    folder = run_dir / FOLDERS[name]
+    reason = train_variant(run_config(config, {**common, **extra}, smoke=smoke), folder,
+                           progress=lambda line: print(f"{name}: {line}"))
+    if reason:
+        untrained[name] = reason
+        print(f"{name}: {reason}")
+    folders[name] = folder
     gc.collect()
 
 

@@ -1,6 +1,8 @@
 """Training ablations from run folders: `kunlunlab compare-runs` pairs runs by held-out question."""
 import json
 
+import pytest
+
 from kunlunlab.cli import main
 
 
@@ -30,3 +32,51 @@ def test_compare_runs_refuses_other_questions_and_missing_runs(tmp_path, capsys)
     assert main(["compare-runs", f"kunlun={ref}", f"gone={tmp_path / 'gone'}"]) == 2
     assert "is not a finished training run folder" in capsys.readouterr().err
     assert main(["compare-runs", "no-equals-sign"]) == 2
+
+
+class _FakeRun:
+    """Records the stages train_variant calls; ``prl_error`` makes the PRL stage raise."""
+    calls: list = []
+    prl_error: Exception | None = None
+
+    def __init__(self, cfg, folder, progress=None):
+        _FakeRun.calls = ["init"]
+
+    def sft(self):
+        _FakeRun.calls.append("sft")
+
+    def prl(self):
+        _FakeRun.calls.append("prl")
+        if _FakeRun.prl_error:
+            raise _FakeRun.prl_error
+
+    def dapo(self):
+        _FakeRun.calls.append("dapo")
+
+    def evaluate(self, tag):
+        _FakeRun.calls.append(f"evaluate {tag}")
+
+    def finish(self):
+        _FakeRun.calls.append("finish")
+        return {"em_after": 12.5, "f1_after": 20.0, "seconds": 3.0}
+
+
+def test_train_variant_runs_the_stages_in_order_and_skips_a_variant_without_pairs(monkeypatch, tmp_path):
+    import kunlunlab.training.pipeline as pipeline
+    from kunlunlab.training.comparison import train_variant
+
+    monkeypatch.setattr(pipeline, "TrainingRun", _FakeRun)
+    lines = []
+    _FakeRun.prl_error = None
+    assert train_variant(object(), tmp_path, progress=lines.append) is None
+    assert _FakeRun.calls == ["init", "sft", "prl", "dapo", "evaluate after", "finish"]
+    assert lines == ["world EM 12.5 F1 20.0, 3.0 s of training"]
+
+    _FakeRun.prl_error = RuntimeError("PRL: the tree search produced no preference pairs (every sibling ...)")
+    reason = train_variant(object(), tmp_path, progress=lines.append)
+    assert reason.startswith("not trained: PRL: the tree search produced no preference pairs")
+    assert _FakeRun.calls == ["init", "sft", "prl"]  # neither trained further nor evaluated
+
+    _FakeRun.prl_error = RuntimeError("CUDA out of memory")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train_variant(object(), tmp_path, progress=lines.append)

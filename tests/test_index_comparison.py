@@ -171,13 +171,24 @@ def test_bench_prints_the_same_json_keys(capsys):
         "ivfpq_recall_at_10", "cluster_recall_at_10", "speedup_vs_flat", "bytes_per_vector", "disk_bytes_per_vector",
         "cluster_pq_ms", "cluster_pq_recall_at_10", "cluster_pq_speedup_vs_flat", "cluster_pq_bytes_per_vector",
         "flat_bytes_per_vector", "ivfpq_bytes_per_vector", "ivfpq_nprobe", "nlist", "cluster_temperature",
-        "cluster_build_s"]
+        "cluster_build_s", "cluster_budget", "pareto", "best_at_095", "pareto_s"]
     assert result["n_vectors"] == 1200 and result["dim"] == 384 and result["queries"] == 30
     assert result["disk_bytes_per_vector"] == 4 * 384 and result["flat_bytes_per_vector"] == pytest.approx(4 * 384, rel=0.01)
     assert result["speedup_vs_flat"] == pytest.approx(result["flat_ms"] / result["cluster_ms"], rel=0.05)
     assert result["ivfpq_nprobe"] == 16 and result["nlist"] == 64
     # 32 warm-up queries served by each cluster retriever, then 30 timed ones: the annealing clock at 62
     assert result["cluster_temperature"] == pytest.approx(0.05 + 0.45 * math.exp(-62 / 1000), abs=1e-4)
+    # the Pareto sweep (on by default): every family, Flat's row is the comparison's, best_at per family
+    families = ["flat", "hnsw", "ivfpq", "ivf_flat", "ivfpq_refine", "cluster", "cluster_nearest"]
+    assert list(dict.fromkeys(r["family"] for r in result["pareto"])) == families
+    assert list(result["best_at_095"]) == families
+    assert result["pareto"][0] == {"family": "flat", "setting": "exact", "ms": result["flat_ms"], "recall_at_10": 1.0,
+                                   "bytes_per_vector": result["flat_bytes_per_vector"], "disk_bytes_per_vector": 0.0}
+    assert f"budget={result['cluster_budget']}" in {r["setting"] for r in result["pareto"] if r["family"] == "cluster"}
+    assert main(["retrieval", "--mode", "gaussian", "--n", "1200", "--queries", "30", "--warmup-queries", "32",
+                 "--repeats", "1", "--no-pareto", "--budget", "40"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "pareto" not in result and result["cluster_budget"] == 40
 
 
 def test_evidence_recall_per_hop_single_shot_and_titles():

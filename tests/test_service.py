@@ -1,8 +1,21 @@
+import contextlib
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
-from kunlunlab.retrieval import IndexConfig, build_retriever
-from kunlunlab.retrieval.service import RetrievalClient, RetrievalServiceError, ServiceThread, free_port
+from kunlunlab.cli import main as cli_main
+from kunlunlab.retrieval import Hit, IndexConfig, build_retriever, load_retriever, save_retriever
+from kunlunlab.retrieval.loadtest import run_load
+from kunlunlab.retrieval.service import (RetrievalClient, RetrievalServiceError, ServiceThread, create_app,
+                                         free_port)
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +63,222 @@ def test_service_down_raises_with_url():
         client.retrieve(["anything"])
     with pytest.raises(RetrievalServiceError, match="unavailable"):
         client.health()
+
+
+# ---------------------------------------------------------------------------- limits, readiness, batching
+@pytest.mark.parametrize("payload,detail", [
+    ({"queries": ["x"] * 257}, "too many queries: 257 in one request, the limit is 256"),
+    ({"queries": ["x"], "topk": 101}, "topk must be between 1 and 100, got 101"),
+    ({"queries": ["x"], "topk": 0}, "topk must be between 1 and 100, got 0"),
+    ({"queries": ["ok", "y" * 2049]}, "query 1 is 2049 characters long, the limit is 2048"),
+    ({"queries": ["ok", "  "]}, "query 1 is empty"),
+    ({"queries": []}, "no queries"),
+])
+def test_each_limit_is_a_422_naming_the_limit_and_the_value(service, payload, detail):
+    url, _ = service
+    response = httpx.post(url + "/retrieve", json=payload)
+    assert response.status_code == 422 and detail in response.json()["detail"]
+
+
+def test_ready_only_after_the_warm_up_search(world_retriever):
+    from fastapi.testclient import TestClient
+
+    app = create_app(world_retriever)
+    cold = TestClient(app)  # outside `with`: the lifespan (warm-up) has not run
+    assert cold.get("/health").json()["status"] == "starting" and cold.get("/health").json()["ready"] is False
+    refused = cold.post("/retrieve", json={"queries": ["a film"]})
+    assert refused.status_code == 503 and "starting" in refused.json()["detail"] and refused.headers["retry-after"]
+    with TestClient(app) as warm:
+        health = warm.get("/health").json()
+        assert health["status"] == "ok" and health["ready"] is True and health["kind"] == "bm25"
+        assert health["n"] == len(world_retriever.passages) and health["queue"] == 0 and health["batches"] == 0
+        assert warm.post("/retrieve", json={"queries": ["a film"]}).status_code == 200
+
+
+class FakeRetriever:
+    """Answers ``id-<query>``; queries starting with "slow" block until ``release`` (a busy index)."""
+
+    kind = "fake"
+    encoder = None
+
+    def __init__(self, fail: bool = False):
+        self.passages = ["p"] * 3
+        self.fail = fail
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def search(self, queries, k):
+        if self.fail:
+            raise RuntimeError("index file unreadable")
+        if queries[0].startswith("slow"):
+            self.entered.set()
+            self.release.wait(10)
+        return [[Hit(f"id-{q}", q, 1.0)] for q in queries]
+
+
+def test_a_failed_warm_up_keeps_the_service_from_starting():
+    with pytest.raises(RetrievalServiceError, match="did not start"):
+        ServiceThread(FakeRetriever(fail=True)).start()
+
+
+def _concurrently(url: str, payloads: list[dict]) -> list[httpx.Response]:
+    barrier = threading.Barrier(len(payloads))
+
+    def post(payload):
+        barrier.wait()
+        return httpx.post(url + "/retrieve", json=payload, timeout=30)
+
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        return list(pool.map(post, payloads))
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_concurrent_requests_share_searches_and_each_gets_its_own_rows(world, questions, encoder, vectors, batching):
+    retriever = build_retriever(world.passages, IndexConfig(kind="flat"), encoder=encoder, vectors=vectors)
+    queries = list(dict.fromkeys(h.question for q in questions for h in q.chain))[:16]
+    topks = [2 if i % 2 else 5 for i in range(len(queries))]
+    expected = [retriever.search([q], k)[0] for q, k in zip(queries, topks)]  # one at a time, no service
+    with ServiceThread(retriever, micro_batching=batching, batch_window_ms=20) as url:
+        responses = _concurrently(url, [{"queries": [q], "topk": k, "return_scores": True}
+                                        for q, k in zip(queries, topks)])
+        health = httpx.get(url + "/health").json()
+    assert [r.status_code for r in responses] == [200] * 16
+    for response, hits, k in zip(responses, expected, topks):
+        (row,) = response.json()["result"]
+        assert len(row) == k and [item["document"]["id"] for item in row] == [h.id for h in hits]
+        assert [item["score"] for item in row] == pytest.approx([h.score for h in hits], abs=1e-4)
+    assert health["requests"] == 16 and health["micro_batching"] is batching and health["queue"] == 0
+    if batching:  # 16 requests, two topk values: merged into a few searches
+        assert 2 <= health["batches"] < 16 and health["mean_batch_queries"] > 1
+    else:
+        assert health["batches"] == 16 and health["mean_batch_queries"] == 1
+
+
+def test_a_full_queue_answers_503_with_retry_after():
+    fake = FakeRetriever()
+    with ServiceThread(fake, max_queue=2, max_batch_queries=1, batch_window_ms=0) as url:
+        with ThreadPoolExecutor(3) as pool:
+            busy = pool.submit(httpx.post, url + "/retrieve", json={"queries": ["slow 0"]}, timeout=30)
+            assert fake.entered.wait(10)  # the worker is inside search; the next requests queue up
+            waiting = [pool.submit(httpx.post, url + "/retrieve", json={"queries": [q]}, timeout=30)
+                       for q in ("q1", "q2")]
+            deadline = time.time() + 10
+            while httpx.get(url + "/health").json()["queue"] < 2 and time.time() < deadline:
+                time.sleep(0.01)
+            refused = httpx.post(url + "/retrieve", json={"queries": ["q3"]})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["detail"] == "queue full: 2 queries waiting, retry later"
+            client = RetrievalClient(url, retries=1, backoff=0.01, max_backoff=0.05)
+            with pytest.raises(RetrievalServiceError, match="unavailable after 2 attempts.*queue full"):
+                client.retrieve(["q4"])
+            fake.release.set()
+            answers = [f.result() for f in [busy, *waiting]]
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert [a.json()["result"][0][0]["id"] for a in answers] == ["id-slow 0", "id-q1", "id-q2"]
+
+
+def test_client_retries_overload_and_honours_retry_after_within_reason():
+    app = FastAPI()
+    calls: list[float] = []
+
+    @app.post("/retrieve")
+    def retrieve(body: dict):
+        calls.append(time.perf_counter())
+        if len(calls) == 1:
+            return JSONResponse({"detail": "slow down"}, status_code=429, headers={"Retry-After": "0.3"})
+        if len(calls) == 2:
+            return JSONResponse({"detail": "queue full"}, status_code=503, headers={"Retry-After": "3600"})
+        return {"result": [[{"document": {"id": "a", "contents": "A"}, "score": 1.0}]]}
+
+    with ServiceThread(app=app) as url:
+        hits = RetrievalClient(url, retries=2, backoff=0.01, max_backoff=0.5).retrieve(["q"])
+    assert [h.id for h in hits[0]] == ["a"] and len(calls) == 3
+    assert calls[1] - calls[0] >= 0.3  # the server's Retry-After, not the 0.01 s backoff
+    assert calls[2] - calls[1] < 2.0   # an hour's Retry-After is capped at max_backoff
+
+
+# ---------------------------------------------------------------------------- a bad index, a dying service
+@pytest.fixture
+def saved_flat(tmp_path, world, encoder, vectors):
+    retriever = build_retriever(world.passages[:300], IndexConfig(kind="flat"), encoder=encoder, vectors=vectors[:300])
+    return save_retriever(retriever, tmp_path / "flat")
+
+
+def _truncate(path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda f: shutil.rmtree(f), "no index at"),
+    (lambda f: (f / "index.faiss").write_bytes(b"this is not a FAISS index"), "incomplete or corrupt"),
+    (lambda f: _truncate(f / "index.faiss", 0.5), "incomplete or corrupt"),
+    (lambda f: (f / "index.faiss").unlink(), "incomplete or corrupt"),
+    (lambda f: _truncate(f / "corpus.jsonl", 0.5), "incomplete or corrupt"),  # cut inside a line
+    (lambda f: (f / "corpus.jsonl").write_text("".join((f / "corpus.jsonl").read_text().splitlines(True)[:100])),
+     "corpus.jsonl does not match the manifest (100 passages, manifest n=300)"),
+    (lambda f: (f / "manifest.json").write_text('{"kind": "flat"}'), "manifest.json is incomplete"),
+])
+def test_serve_refuses_a_missing_or_corrupt_index_in_one_line(saved_flat, damage, message):
+    damage(saved_flat)
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["serve-retriever", "--index", str(saved_flat), "--port", str(free_port())])
+    text = str(refused.value.code)
+    assert text.startswith("kunlunlab serve-retriever: ") and "\n" not in text and message in text
+
+
+def test_serve_refusal_from_the_command_line_has_no_traceback(saved_flat):
+    _truncate(saved_flat / "index.faiss", 0.3)
+    done = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "serve-retriever", "--index", str(saved_flat),
+                           "--port", str(free_port())], capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr and len(lines) == 1
+    assert lines[0].startswith("kunlunlab serve-retriever: ") and "rebuild it" in lines[0]
+
+
+def test_load_survives_a_service_killed_and_restarted_mid_load(tmp_path, world, questions):
+    folder = save_retriever(build_retriever(world.passages[:300], IndexConfig(kind="bm25")), tmp_path / "bm25")
+    queries = list(dict.fromkeys(h.question for q in questions for h in q.chain))[:24]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "service.log", "ab")
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "kunlunlab.cli", "serve-retriever", "--index", str(folder),
+                                 "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 20
+        while time.time() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).json()["ready"]:
+                    return proc
+            time.sleep(0.05)
+        proc.kill()
+        raise AssertionError(f"service did not start: {(tmp_path / 'service.log').read_text()[-2000:]}")
+
+    result: dict = {}
+    procs = [start()]
+    load = threading.Thread(target=lambda: result.update(run_load(
+        url, queries, clients=8, duration_s=5.0, timeout=5.0, retries=40, backoff=0.05, max_backoff=0.25,
+        keep_answers=True)))
+    try:
+        load.start()
+        time.sleep(1.0)
+        procs[0].kill()  # a crash: in-flight requests are cut, the port goes dark
+        procs[0].wait()
+        procs.append(start())
+        load.join(40)
+        second = httpx.get(url + "/health").json()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        log.close()
+    assert not load.is_alive()
+    assert result["lost"] == 0 and result["errors"] == 0 and result["retries"] > 0  # the outage was felt
+    assert result["ok"] == result["requests"] and second["requests"] > 0  # the restarted service took part
+    local = load_retriever(folder)  # the same saved index, searched in this process
+    for query, hits in zip(queries, local.search(queries, 3)):
+        answers = result["answers"][query]
+        assert len(answers) >= 2
+        for answer in answers:  # every answer, from either process, the same ranked hits
+            assert [doc_id for doc_id, _ in answer] == [h.id for h in hits]
+            assert [score for _, score in answer] == pytest.approx([h.score for h in hits], rel=1e-6)

@@ -43,6 +43,11 @@ weights are this module's choices, each explained where it is made.
 
 If fewer than ``k`` candidates survive (all probed clusters tiny or empty), the query falls back to
 a plain IVF scan over its nearest non-empty clusters, so a result list is never short.
+
+``candidate_budget=0`` derives ``B`` from the index's size (``auto_candidate_budget``: measured rule and
+recall there). ``selection="nearest"`` is the ablation of steps 2–3: no sampling, no weights, no quotas;
+the nearest clusters by centroid score (``nearest_nprobe`` of them, or until their members fill ``B``)
+are scanned and their best ``B`` candidates by PQ score re-ranked (``search_nearest``).
 """
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # Weyl-sequence step for draws(): evenly
 
 
 NLIST_METHODS = ("sqrt", "elbow", "silhouette")
+SELECTIONS = ("dynamic", "nearest")
 
 
 @dataclass
@@ -73,7 +79,9 @@ class ClusterConfig:
     rerank: str = "exact"  # "exact": float vectors, memory-mapped; "pq": in-RAM residual PQ codes
     refine_m: int = 96  # rerank="pq": bytes of reconstruction code per vector
     max_clusters: int = 48  # clusters considered per query
-    candidate_budget: int = 112  # global candidate budget B per query
+    candidate_budget: int = 112  # global candidate budget B per query; 0: auto_candidate_budget(N, nlist)
+    selection: str = "dynamic"  # "dynamic": §3.1.1 sampling and quotas; "nearest": the ablation (see search_nearest)
+    nearest_nprobe: int = 0  # selection="nearest": clusters scanned; 0: the nearest until their members fill B
     temperature_start: float = 0.5
     temperature_end: float = 0.05
     anneal_queries: float = 1000.0  # τ, in queries served
@@ -91,6 +99,39 @@ class ClusterConfig:
 
 def default_nlist(n: int) -> int:
     return int(2 ** max(3, round(math.log2(2 * math.sqrt(max(n, 1))))))
+
+
+AUTO_BUDGET_FLOOR = 12  # B ≥ 12·k: the candidates real embeddings want at any size (see auto_candidate_budget)
+AUTO_BUDGET_SCALE = 48.0  # m₀: members per cluster at which the size term reaches k
+AUTO_BUDGET_POWER = 1.5
+
+
+def auto_candidate_budget(n: int, nlist: int, k: int = 10) -> int:
+    """The global candidate budget for ``candidate_budget=0``, from ``m = N/nlist`` (mean members per
+    cluster): ``B = max(12·k, ⌈k·(m/48)^1.5⌉)``. At the default ``nlist`` ≈ 2·sqrt(N) this grows about as
+    N^0.75: 120 at 100k (nlist 512), 325 at 1M (2048), 1283 at 5M (4096), for k = 10.
+
+    Why this shape (measured on the 2-core development machine, 2026-11-23, ``gaussian_vectors`` with 2048
+    modes, 300 queries after 3000 warm-up ones, recall@10 against exact search, dynamic selection):
+
+    * On the Gaussian mixture recall is limited by the re-ranked budget, not by the clusters reached: the
+      true top-10 sit in one or two clusters, and with 48-byte (non-residual, 4-bit fast-scan) codes their
+      PQ ranks among the many near-equidistant members of their mode grow with the density. The budget for
+      recall@10 ≥ 0.95 grows faster than ``m``: about 40 at 100k (m = 195; B 32 → 0.917, 48 → 0.987),
+      256 at 1M (m = 488; 256 → 0.956, 320 → 0.982), 1024 at 5M (m = 1221; 1024 → 0.950, 1280 → 0.972),
+      i.e. a share of a cluster rising from 0.2 to 0.84: no fixed share of ``m`` fits, ``m^1.5`` does
+      (``k·(m/48)^1.5`` puts B at 1.3x the measured need at 1M and 5M).
+    * On real embeddings (the synthetic world's MiniLM vectors) recall is limited by the clusters reached
+      instead, and the budget that reaches them hardly grows with N: 112 gave 0.964 at 100k (README,
+      2026-11-22), and at 10k (m = 39) B = 128 gives 0.948, 192 gives 0.959. The floor 12·k covers that.
+
+    Measured with this rule (dynamic selection): 100k B = 120 → recall@10 0.9997; 1M B = 325 → see the
+    Pareto sweep of ``python -m kunlunlab.bench retrieval``; 5M B = 1283 → 0.972 (the 1280 point above).
+    Limits: at the default nlist, ``m`` does not grow between 5M and 10M (both round to nlist = 4096·2^j
+    with the same m), so past 5M pass an explicit budget or nlist; and a nlist far below 2·sqrt(N) (elbow,
+    silhouette) makes ``m`` and so B large, which costs time but not recall."""
+    m = n / max(nlist, 1)
+    return max(AUTO_BUDGET_FLOOR * k, int(math.ceil(k * (m / AUTO_BUDGET_SCALE) ** AUTO_BUDGET_POWER)))
 
 
 def train_centroids(sample: np.ndarray, nlist: int, iters: int, seed: int) -> tuple[np.ndarray, faiss.Kmeans]:
@@ -194,6 +235,10 @@ class ClusterRetriever:
         self.vector_store: np.ndarray = np.zeros((0, dim), dtype=np.float32)  # rerank="exact" (may be a memmap)
         if self.config.rerank not in ("exact", "pq"):
             raise ValueError(f"rerank must be 'exact' or 'pq', got {self.config.rerank!r}")
+        if self.config.selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {self.config.selection!r}")
+        if self.config.candidate_budget < 0 or self.config.nearest_nprobe < 0:
+            raise ValueError("candidate_budget (0: auto) and nearest_nprobe (0: fill the budget) must be ≥ 0")
         if self.config.nlist_method not in NLIST_METHODS:
             raise ValueError(f"nlist_method must be one of {NLIST_METHODS}, got {self.config.nlist_method!r}")
         if self.config.explore_slots < 0:
@@ -346,7 +391,9 @@ class ClusterRetriever:
             parts = [self.search(q[i:i + 256], k) for i in range(0, len(q), 256)]
             return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
         c = self.config
-        budget = max(c.candidate_budget, k)
+        budget = self.budget(k)
+        if c.selection == "nearest":
+            return self.search_nearest(q, k, budget)
         n_considered = min(c.max_clusters, self.nlist)
         centroid_scores, clusters = self.ivf.quantizer.search(q, n_considered)
         quota = self.cluster_probabilities(centroid_scores, clusters) * budget
@@ -364,6 +411,41 @@ class ClusterRetriever:
         if c.adapt:
             self._record_hits(rows)
             self.step += len(q)
+        return scores, rows
+
+    def budget(self, k: int = 10) -> int:
+        """The candidate budget ``B`` a search for the top ``k`` re-ranks: ``config.candidate_budget``, or
+        :func:`auto_candidate_budget` of this index's size and cluster count when it is 0; at least ``k``."""
+        b = self.config.candidate_budget
+        return max(k, b if b > 0 else auto_candidate_budget(self.ntotal, self.nlist, k))
+
+    def nearest_clusters(self, q: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``selection="nearest"`` (the ablation of dynamic sampling): (centroid scores, clusters, scanned),
+        each (nq, considered), nearest centroid first. No sampling, no EMA weights, no quotas: with
+        ``nearest_nprobe`` = n > 0 the n nearest clusters are scanned (plain IVF nprobe); with 0 the nearest
+        ``max_clusters`` are taken by centroid score until their members fill the budget ``B`` (a cluster is
+        scanned when the nearer ones hold fewer than ``B`` documents; the nearest is always scanned)."""
+        c = self.config
+        n_considered = min(c.nearest_nprobe or c.max_clusters, self.nlist)
+        centroid_scores, clusters = self.ivf.quantizer.search(q, n_considered)
+        valid = clusters >= 0
+        if c.nearest_nprobe:
+            return centroid_scores, clusters, valid
+        sizes = np.where(valid, self.cluster_sizes[np.maximum(clusters, 0)], 0)
+        nearer = np.cumsum(sizes, axis=1) - sizes  # members of the clusters ranked before each one
+        return centroid_scores, clusters, valid & (nearer < budget)
+
+    def search_nearest(self, q: np.ndarray, k: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """The scan and re-rank of :meth:`search` over :meth:`nearest_clusters`: the best ``B`` candidates by
+        PQ score among the scanned clusters' members are re-ranked exactly. Neither the annealing clock nor
+        the EMA weights move (nothing here reads them)."""
+        centroid_scores, clusters, probe = self.nearest_clusters(q, budget)
+        self._set_nprobe(clusters.shape[1])
+        _, cand = self.ivf.search_preassigned(q, budget, np.where(probe, clusters, -1), centroid_scores)
+        scores, rows = self._rerank(q, cand, self._slots(cand, clusters), centroid_scores, k)
+        short = rows[:, k - 1] < 0
+        if short.any():
+            scores[short], rows[short] = self._fallback(q[short], k)
         return scores, rows
 
     def draws(self, q: np.ndarray) -> np.ndarray:
@@ -527,7 +609,7 @@ class ClusterRetriever:
         nprobe = min(self.nlist, max(self.config.max_clusters, 1) * 4, max(nonempty, 1))
         centroid_scores, clusters = self.ivf.quantizer.search(q, nprobe)
         self._set_nprobe(nprobe)
-        _, cand = self.ivf.search_preassigned(q, max(self.config.candidate_budget, k), clusters, centroid_scores)
+        _, cand = self.ivf.search_preassigned(q, self.budget(k), clusters, centroid_scores)
         return self._rerank(q, cand, self._slots(cand, clusters), centroid_scores, k)
 
     def _record_hits(self, rows: np.ndarray) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from kunlunlab.data.types import QAExample
 from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
-from kunlunlab.retrieval.indexes import FlatIndex, HNSWIndex, IVFPQConfig, IVFPQIndex
+from kunlunlab.retrieval.indexes import FlatIndex, HNSWConfig, HNSWIndex, IVFPQConfig, IVFPQIndex
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
@@ -128,7 +128,7 @@ class IndexComparison:
 
         flat_ms = self.row("flat").ms_per_query
         cluster = self.indexes["cluster"]
-        default = self.row("cluster", cluster.config.candidate_budget)
+        default = self.row("cluster", cluster.budget(self.k))
         return {
             "n_vectors": int(self.indexes["flat"].ntotal), "nlist": int(cluster.nlist), "flat_ms": round(flat_ms, 4),
             "single_points": {name: {"ms": round(ms, 4), recall: round(r, 4)}
@@ -215,14 +215,14 @@ def compare_indexes(vectors: np.ndarray, queries: np.ndarray, kinds: Sequence[st
                     indexes[kind].search(served[start:start + warmup_batch], k)
 
         cluster = indexes["cluster"]
-        default_budget = cluster.config.candidate_budget
+        default_budget = cluster.config.candidate_budget  # 0 (auto) is measured at the budget it resolves to
 
         def with_budget(budget):
             cluster.config.candidate_budget = int(budget)
             return cluster.search
 
         try:
-            rows += measure("cluster", "budget", list(budget_grid) or [default_budget], with_budget)
+            rows += measure("cluster", "budget", list(budget_grid) or [cluster.budget(k)], with_budget)
         finally:
             cluster.config.candidate_budget = default_budget
         if "cluster_pq" in kinds:
@@ -230,6 +230,243 @@ def compare_indexes(vectors: np.ndarray, queries: np.ndarray, kinds: Sequence[st
     finally:
         faiss.omp_set_num_threads(build_threads)
     return IndexComparison(rows, truth, indexes, seconds, k)
+
+
+
+# ---------------------------------------------------------------------------- the Pareto sweep
+PARETO_FAMILIES = ("flat", "hnsw", "ivfpq", "ivf_flat", "ivfpq_refine", "cluster", "cluster_nearest")  # in measurement order
+PARETO_NAMES = {"flat": "exact Flat (IndexFlatIP)", "hnsw": "HNSW (IndexHNSWFlat)", "ivf_flat": "IVF-Flat (IndexIVFFlat)",
+                "ivfpq": "IVF-PQ (IndexIVFPQ, no re-rank)",
+                "ivfpq_refine": "IVF-PQ fast-scan + float re-rank (IndexRefineFlat)",
+                "cluster": "cluster retriever (dynamic sampling)",
+                "cluster_nearest": "cluster retriever, nearest-cluster selection (ablation)"}
+
+
+@dataclass
+class ParetoGrids:
+    """Settings each family is swept over (values above ``nlist`` are clipped to it). ``budget_shares``
+    multiply the cluster retriever's resolved budget (its configured one, or the auto budget); the nearest
+    ablation runs at each of those budgets (clusters filled to the budget) and at the resolved budget for
+    each of ``nearest_nprobe``."""
+
+    ef_search: Sequence[int] = (10, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    ivf_nprobe: Sequence[int] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    ivfpq_nprobe: Sequence[int] = (8, 16, 32, 64, 128)
+    refine_nprobe: Sequence[int] = (4, 8, 16, 24, 32, 48, 64, 96)
+    refine_k_factor: Sequence[int] = (2, 4, 8, 16, 32)
+    budget_shares: Sequence[float] = (0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+    nearest_nprobe: Sequence[int] = (2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _pareto_row(family: str, setting: str, ms: float, recall: float, ram: float, disk: float, k: int,
+                **extra) -> dict:
+    return {"family": family, "setting": setting, "ms": round(ms, 4), f"recall_at_{k}": round(recall, 4),
+            "bytes_per_vector": round(ram, 1), "disk_bytes_per_vector": round(disk, 1), **extra}
+
+
+def pareto_sweep(vectors: np.ndarray, queries: np.ndarray, families: Sequence[str] = PARETO_FAMILIES, *,
+                 k: int = 10, threads: int = 1, repeats: int = 1, truth: np.ndarray | None = None,
+                 indexes: dict | None = None, cluster_config: ClusterConfig | None = None,
+                 warmup: np.ndarray | None = None, grids: ParetoGrids | None = None,
+                 hnsw: HNSWConfig | None = None, comparison: "IndexComparison | None" = None,
+                 log: Callable[[str], None] | None = None) -> list[dict]:
+    """Recall@k–latency–memory points of FAISS's strongest CPU configurations and of the clustering
+    retriever, measured the way :func:`compare_indexes` measures (one query at a time, ``threads`` FAISS
+    threads for every index, median of ``repeats`` passes, recall against the exact top-k, RAM bytes per
+    vector from the serialized index). One dict per setting: ``family`` (a key of ``PARETO_NAMES``),
+    ``setting`` ("efSearch=64", "nprobe=16,k_factor=8", "budget=448", ...), ``ms``, ``recall_at_{k}``,
+    ``bytes_per_vector`` (RAM), ``disk_bytes_per_vector`` (read on demand from a memory-mapped file: the
+    cluster retriever's float vectors), and for the cluster families ``budget`` and ``scanned_clusters`` (mean
+    clusters scanned per query).
+
+    Families: ``flat`` (the reference); ``hnsw`` (``IndexHNSWFlat``, ``hnsw`` M/efConstruction, efSearch
+    swept); ``ivf_flat`` (``IndexIVFFlat`` trained by FAISS with the cluster retriever's ``nlist``, nprobe
+    swept); ``ivfpq`` (``IndexIVFPQ``, ``pq_m`` bytes, no re-rank); ``ivfpq_refine`` (``IndexRefineFlat``
+    over a 4-bit fast-scan IVF-PQ of the same ``2·pq_m`` sub-quantizers as the cluster retriever's scan,
+    by residual, sharing IVF-Flat's coarse centroids: nprobe × k_factor swept; the float vectors are held in
+    RAM); ``cluster`` (the clustering retriever, candidate budget swept); ``cluster_nearest`` (the same
+    built index with ``selection="nearest"``: the nearest clusters instead of dynamic sampling, at the
+    same budgets and, at the resolved budget, a plain nprobe sweep).
+
+    ``indexes`` may hold already-built ``flat``, ``hnsw``, ``ivfpq`` and ``cluster`` indexes (what
+    :func:`compare_indexes` returns, used as they are, already warmed up) and ``truth`` their exact top-k;
+    anything missing is built here (the cluster retriever then serves ``warmup``, default the queries, in
+    batches of 64 before timing). ``comparison``, a :func:`compare_indexes` result over the same vectors and
+    queries, supplies both, and its Flat row (not timed again). Indexes built here for one family only are freed after it. Builds use every
+    FAISS thread there is when the call starts, restored afterwards."""
+    unknown = set(families) - set(PARETO_FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown Pareto families {sorted(unknown)}; choose from {', '.join(PARETO_FAMILIES)}")
+    say = log or (lambda message: None)
+    grids = grids or ParetoGrids()
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    dim = int(vectors.shape[1])
+    if comparison is not None:
+        indexes, truth = {**comparison.indexes, **(indexes or {})}, comparison.truth
+    indexes = dict(indexes or {})
+    config = replace(cluster_config) if cluster_config is not None else ClusterConfig()
+    build_threads = faiss.omp_get_max_threads()
+    recall_key = f"recall_at_{k}"
+    rows: list[dict] = []
+
+    def timed(search: Callable) -> tuple[float, float]:
+        faiss.omp_set_num_threads(threads)
+        try:
+            ms, found = time_per_query(search, queries, k, repeats)
+        finally:
+            faiss.omp_set_num_threads(build_threads)
+        return ms, recall_at_k(found, truth)
+
+    def add_row(family: str, setting: str, search: Callable, ram: float, disk: float = 0.0, **extra) -> None:
+        ms, recall = timed(search)
+        rows.append(_pareto_row(family, setting, ms, recall, ram, disk, k, **extra))
+        say(f"{family:16s} {setting:28s} {ms:8.4f} ms  {recall_key} {recall:.4f}  RAM {ram:7.1f} B/vector")
+
+    def ram_of(index: faiss.Index) -> float:
+        return _serialized_bytes_per_vector(index)
+
+    try:
+        if "flat" not in indexes and (truth is None or "flat" in families):
+            flat = FlatIndex(dim)
+            flat.add(vectors)
+            indexes["flat"] = flat
+        if truth is None:
+            _, truth = indexes["flat"].search(queries, k)
+        if "flat" in families and comparison is not None:
+            flat_row = comparison.row("flat")
+            rows.append(_pareto_row("flat", "exact", flat_row.ms_per_query, flat_row.recall_at_k,
+                                    flat_row.bytes_per_vector, 0.0, k))
+        elif "flat" in families:
+            add_row("flat", "exact", indexes["flat"].search, indexes["flat"].bytes_per_vector())
+        if any(f.startswith("cluster") for f in families) or "ivf_flat" in families or "ivfpq_refine" in families \
+                or "ivfpq" in families:
+            if "cluster" not in indexes:
+                start = time.perf_counter()
+                indexes["cluster"] = ClusterRetriever(dim, config).build(vectors)
+                say(f"cluster retriever built in {time.perf_counter() - start:.1f}s")
+                served = queries if warmup is None else np.ascontiguousarray(warmup, dtype=np.float32)
+                for begin in range(0, len(served), 64):
+                    indexes["cluster"].search(served[begin:begin + 64], k)
+            nlist = indexes["cluster"].nlist
+            config = replace(indexes["cluster"].config)  # pq_m and seed of the index actually measured
+        if "hnsw" in families:
+            built_here = "hnsw" not in indexes
+            if built_here:
+                start = time.perf_counter()
+                index = HNSWIndex(dim, hnsw or HNSWConfig())
+                index.add(vectors)
+                indexes["hnsw"] = index
+                say(f"HNSW built in {time.perf_counter() - start:.1f}s")
+            graph = indexes["hnsw"]
+            ram = ram_of(graph.index)
+            label = f"M={graph.config.m},efC={graph.config.ef_construction}"
+            for ef in grids.ef_search:
+                params = faiss.SearchParametersHNSW(efSearch=max(int(ef), k))
+                add_row("hnsw", f"{label},efSearch={int(ef)}",
+                        lambda q, kk, p=params: graph.index.search(q, kk, params=p), ram)
+            if built_here:
+                del indexes["hnsw"], graph
+        if "ivfpq" in families:
+            built_here = "ivfpq" not in indexes
+            if built_here:
+                index = IVFPQIndex(dim, IVFPQConfig(nlist=nlist, m=config.pq_m))
+                index.add(vectors)
+                indexes["ivfpq"] = index
+            ivfpq = indexes["ivfpq"]
+            for nprobe in dict.fromkeys(min(int(v), ivfpq.config.nlist) for v in grids.ivfpq_nprobe):
+                add_row("ivfpq", f"nprobe={nprobe}", lambda q, kk, n=nprobe: ivfpq.search(q, kk, nprobe=n),
+                        ivfpq.bytes_per_vector())
+            if built_here:
+                del indexes["ivfpq"]
+        coarse = None
+        if "ivf_flat" in families or "ivfpq_refine" in families:
+            start = time.perf_counter()
+            quantizer = faiss.IndexFlatIP(dim)
+            ivf_flat = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            rng = np.random.default_rng(config.seed)
+            sample = np.ascontiguousarray(
+                vectors[np.sort(rng.choice(len(vectors), size=min(len(vectors), 64 * nlist), replace=False))],
+                dtype=np.float32)
+            ivf_flat.train(sample)
+            coarse = quantizer.reconstruct_n(0, nlist)
+            say(f"IVF coarse quantizer ({nlist} lists) trained in {time.perf_counter() - start:.1f}s")
+            if "ivf_flat" in families:
+                for begin in range(0, len(vectors), 200_000):
+                    ivf_flat.add(np.ascontiguousarray(vectors[begin:begin + 200_000], dtype=np.float32))
+                ram = ram_of(ivf_flat)
+                for nprobe in dict.fromkeys(min(int(v), nlist) for v in grids.ivf_nprobe):
+                    params = faiss.SearchParametersIVF(nprobe=nprobe)
+                    add_row("ivf_flat", f"nlist={nlist},nprobe={nprobe}",
+                            lambda q, kk, p=params: ivf_flat.search(q, kk, params=p), ram)
+            del ivf_flat, quantizer
+        if "ivfpq_refine" in families:
+            start = time.perf_counter()
+            quantizer = faiss.IndexFlatIP(dim)
+            quantizer.add(coarse)
+            base = faiss.IndexIVFPQFastScan(quantizer, dim, nlist, 2 * config.pq_m, 4, faiss.METRIC_INNER_PRODUCT)
+            base.train(sample)  # the quantizer holds nlist centroids already: this trains the PQ codebooks
+            refine = faiss.IndexRefineFlat(base)
+            for begin in range(0, len(vectors), 200_000):
+                refine.add(np.ascontiguousarray(vectors[begin:begin + 200_000], dtype=np.float32))
+            say(f"IVF-PQ fast-scan + refine built in {time.perf_counter() - start:.1f}s")
+            ram = ram_of(refine)
+            for nprobe in dict.fromkeys(min(int(v), nlist) for v in grids.refine_nprobe):
+                for k_factor in grids.refine_k_factor:
+                    ivf_params = faiss.SearchParametersIVF(nprobe=nprobe)
+                    params = faiss.IndexRefineSearchParameters(k_factor=float(k_factor), base_index_params=ivf_params)
+                    add_row("ivfpq_refine", f"nlist={nlist},nprobe={nprobe},k_factor={int(k_factor)}",
+                            lambda q, kk, p=params, b=ivf_params: refine.search(q, kk, params=p), ram)
+            del refine, base, quantizer
+        if "cluster" in families or "cluster_nearest" in families:
+            cluster = indexes["cluster"]
+            saved = (cluster.config.candidate_budget, cluster.config.selection, cluster.config.nearest_nprobe)
+            resolved = cluster.budget(k)
+            budgets = sorted({max(k, int(round(resolved * share))) for share in grids.budget_shares})
+            ram, disk = cluster.bytes_per_vector(), cluster.disk_bytes_per_vector()
+
+            def scanned_clusters() -> float:
+                """Mean clusters scanned per query at the current settings (without serving a query)."""
+                if cluster.config.selection == "nearest":
+                    return float(cluster.nearest_clusters(queries, cluster.budget(k))[2].sum(axis=1).mean())
+                return float(np.mean([sum(r["scanned"] for r in cluster_allocation(cluster, q, k)) for q in queries]))
+
+            try:
+                if "cluster" in families:
+                    for b in budgets:
+                        cluster.config.candidate_budget = b
+                        add_row("cluster", f"budget={b}", cluster.search, ram, disk, budget=b,
+                                scanned_clusters=round(scanned_clusters(), 2))
+                if "cluster_nearest" in families:
+                    cluster.config.selection = "nearest"
+                    settings = [(b, 0) for b in budgets] + [(resolved, int(n)) for n in grids.nearest_nprobe
+                                                            if int(n) <= nlist]
+                    for b, nprobe in settings:
+                        cluster.config.candidate_budget, cluster.config.nearest_nprobe = b, nprobe
+                        add_row("cluster_nearest", f"budget={b}" + (f",nprobe={nprobe}" if nprobe else ",fill"),
+                                cluster.search, ram, disk, budget=b, scanned_clusters=round(scanned_clusters(), 2))
+            finally:
+                cluster.config.candidate_budget, cluster.config.selection, cluster.config.nearest_nprobe = saved
+    finally:
+        faiss.omp_set_num_threads(build_threads)
+    return rows
+
+
+def _serialized_bytes_per_vector(index: faiss.Index) -> float:
+    return float(faiss.serialize_index(index).nbytes) / max(1, index.ntotal)
+
+
+def best_at(rows: Sequence[dict], recall: float = 0.95, k: int = 10) -> dict[str, dict]:
+    """Per family (in order of first appearance): ``best``, the fastest row whose ``recall_at_{k}`` is at
+    least ``recall`` (None when no setting reaches it), and ``max_recall_at_{k}``, the best recall any of
+    the family's settings reached."""
+    key = f"recall_at_{k}"
+    out: dict[str, dict] = {}
+    for family in dict.fromkeys(r["family"] for r in rows):
+        mine = [r for r in rows if r["family"] == family]
+        above = [r for r in mine if r[key] >= recall]
+        out[family] = {"best": dict(min(above, key=lambda r: r["ms"])) if above else None,
+                       f"max_{key}": max(r[key] for r in mine)}
+    return out
 
 
 def cluster_allocation(cluster: ClusterRetriever, query: np.ndarray, k: int = 10) -> list[dict]:
@@ -240,7 +477,10 @@ def cluster_allocation(cluster: ClusterRetriever, query: np.ndarray, k: int = 10
     ``scanned`` and its priority ``cap`` (0 when not scanned)."""
     q = np.ascontiguousarray(np.atleast_2d(query)[:1], dtype=np.float32)
     c = cluster.config
-    budget = max(c.candidate_budget, k)
+    if c.selection != "dynamic":
+        raise ValueError("cluster_allocation shows dynamic cluster sampling; selection='nearest' scans "
+                         "ClusterRetriever.nearest_clusters")
+    budget = cluster.budget(k)
     n_considered = min(c.max_clusters, cluster.nlist)
     scores, clusters = cluster.ivf.quantizer.search(q, n_considered)
     p = cluster.cluster_probabilities(scores, clusters)

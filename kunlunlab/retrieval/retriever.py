@@ -38,6 +38,7 @@ class IndexConfig:
     hnsw: HNSWConfig = field(default_factory=HNSWConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     threads: int = 0  # 0: FAISS default
+    query_precision: str = "float32"  # the query side of the embedder: float32 | bfloat16 | int8 | auto (bench encode)
 
     def __post_init__(self):
         if self.kind not in INDEX_KINDS:
@@ -115,7 +116,7 @@ def build_retriever(passages: Sequence[Passage], config: IndexConfig | None = No
         index = BM25Index()
         index.add_texts([p.contents for p in passages])
         return Retriever(passages, index, None, config)
-    encoder = encoder or Encoder(config.embedder)
+    encoder = encoder or Encoder(config.embedder, query_precision=config.query_precision)
     if vectors is None:
         vectors = corpus_embeddings(encoder, passages, progress=progress)
     if len(vectors) != len(passages):

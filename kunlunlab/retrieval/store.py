@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -16,11 +18,23 @@ from kunlunlab.retrieval.retriever import IndexConfig, Retriever
 
 MANIFEST = "manifest.json"
 CORPUS = "corpus.jsonl"
+MANIFEST_KEYS = ["kind", "embedder", "dim", "corpus_fingerprint", "n", "params"]
 _LOADERS = {"flat": FlatIndex, "ivfpq": IVFPQIndex, "hnsw": HNSWIndex, "cluster": ClusterRetriever, "bm25": BM25Index}
 
 
 class IndexMismatchError(ValueError):
     """The saved index was built with another embedder or over another corpus."""
+
+
+class CorruptIndexError(ValueError):
+    """A file of the saved index is missing, truncated or not what the manifest describes."""
+
+
+def _describe(err: BaseException) -> str:
+    """One line from a loader's error (FAISS puts its C++ location before the reason)."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()] or [type(err).__name__]
+    text = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?", "", lines[-1])
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def save_retriever(retriever: Retriever, folder: str | Path) -> Path:
@@ -49,11 +63,14 @@ def read_manifest(folder: str | Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"no index at {folder} (missing {MANIFEST}); build one with "
-                                "`kunlunlab build-index --out {folder}` or notebook 01")
+                                f"`kunlunlab build-index --out {folder}` or notebook 01")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise IndexMismatchError(f"{path} is not valid JSON: {err.msg}") from err
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IndexMismatchError(f"{path} is not valid JSON: {getattr(err, 'msg', err)}") from err
+    if not isinstance(manifest, dict):
+        raise CorruptIndexError(f"{path} is not an index manifest (a JSON {type(manifest).__name__}, not an object)")
+    return manifest
 
 
 def load_retriever(folder: str | Path, embedder: str | None = None, passages: Sequence[Passage] | None = None,
@@ -64,6 +81,9 @@ def load_retriever(folder: str | Path, embedder: str | None = None, passages: Se
     kind = manifest.get("kind")
     if kind not in _LOADERS:
         raise IndexMismatchError(f"{folder}: unknown index kind {kind!r} in manifest")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise CorruptIndexError(f"{folder / MANIFEST} is incomplete (missing {', '.join(missing)}): rebuild the index")
     wanted = encoder.name if encoder else (canonical_embedder_name(embedder) if embedder else None)
     if wanted is not None and manifest["embedder"] is not None and wanted != manifest["embedder"]:
         raise IndexMismatchError(f"{folder} was built with embedder {manifest['embedder']!r}, not {wanted!r}: "
@@ -73,10 +93,20 @@ def load_retriever(folder: str | Path, embedder: str | None = None, passages: Se
         if fingerprint != manifest["corpus_fingerprint"]:
             raise IndexMismatchError(f"{folder} was built over another corpus (fingerprint "
                                      f"{manifest['corpus_fingerprint']}, yours {fingerprint}): rebuild the index")
-    else:
-        passages = load_corpus(folder / CORPUS)
-    params = dict(manifest["params"], n=manifest["n"])
-    index = _LOADERS[kind].load(folder, params)
+    try:  # everything read from the folder: a missing or damaged file is named here, not deep in a search
+        if passages is None:
+            passages = load_corpus(folder / CORPUS)
+            if corpus_fingerprint(passages) != manifest["corpus_fingerprint"]:
+                raise CorruptIndexError(f"{CORPUS} does not match the manifest ({len(passages)} passages, "
+                                        f"manifest n={manifest['n']})")
+        params = dict(manifest["params"], n=manifest["n"])
+        index = _LOADERS[kind].load(folder, params)
+        ntotal = int(getattr(index, "ntotal", manifest["n"]))
+        if ntotal != manifest["n"]:
+            raise CorruptIndexError(f"the index holds {ntotal} vectors, the manifest says {manifest['n']}")
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
+        raise CorruptIndexError(f"{folder}: the saved index is incomplete or corrupt ({_describe(err)}); "
+                                f"rebuild it with `kunlunlab build-index --out {folder}`") from err
     if kind != "bm25":
         encoder = encoder or Encoder(manifest["embedder"], query_prefix=manifest.get("query_prefix"),
                                      passage_prefix=manifest.get("passage_prefix"))

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from kunlunlab.training.pipeline import HELDOUT_FILES, heldout_records
+from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
 # the keys that decide which held-out questions a run is evaluated on (load_training_data)
 HELDOUT_KEYS = ("world_passages", "world_seed", "train_questions", "question_seed", "heldout_seed", "hotpot",
@@ -118,3 +118,28 @@ def reference_mismatch(reference: Mapping, variant: Mapping) -> tuple[list[str],
 
 __all__ = ["COST_HEADER", "HELDOUT_KEYS", "VARIANT_KEYS", "cost_table", "generated_tokens", "reference_mismatch",
            "run_costs"]
+
+
+
+def train_variant(cfg, folder: str | Path, progress=print) -> str | None:
+    """Trains and evaluates one variant of a shared SFT checkpoint (``cfg`` has ``sft.enabled`` off and
+    ``model`` on the checkpoint): the PRL and DAPO stages the variant enables, the evaluation after training,
+    ``training_summary.json``. Returns None, or the reason the variant was not trained: a PRL stage whose
+    tree search found no preference pair (every explored sibling scored the same, which a small model
+    easily produces) has nothing for DPO to learn, and evaluating the unchanged checkpoint under the
+    variant's name would report the SFT numbers as ReasonRAG's. Any other error propagates."""
+    from kunlunlab.training.pipeline import TrainingRun
+
+    run = TrainingRun(cfg, folder, progress=progress)
+    run.sft()
+    try:
+        run.prl()
+    except RuntimeError as err:
+        if not str(err).startswith(NO_PAIRS):
+            raise
+        return f"not trained: {err}"
+    run.dapo()
+    run.evaluate("after")
+    summary = run.finish()
+    progress(f"world EM {summary['em_after']} F1 {summary['f1_after']}, {summary['seconds']} s of training")
+    return None

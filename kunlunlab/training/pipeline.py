@@ -37,6 +37,8 @@ SMOKE_OVERRIDES = {
     "mixing.stie_feedback_share": 0.5,
 }
 
+NO_PAIRS = "PRL: the tree search produced no preference pairs"  # notebook 07 skips such a variant
+
 
 def run_config(config: str | Path | None, overrides: dict | list[str] | None = None,
                smoke: bool = False) -> TrainConfig:
@@ -374,7 +376,7 @@ class TrainingRun:
         if not cfg.prl.dpo.enabled:  # collect the pairs only (e.g. to inspect the trees first)
             return
         if not rows:
-            raise RuntimeError("PRL: the tree search produced no preference pairs (every sibling scored the same); "
+            raise RuntimeError(f"{NO_PAIRS} (every sibling scored the same); "
                                "raise prl.mcts.iterations / children_per_node or start from a trained model")
         self.model.train()
         trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed, bf16=cfg.bf16,

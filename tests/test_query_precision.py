@@ -1,0 +1,48 @@
+"""The query side of the embedder in bfloat16 / int8 (``Encoder(query_precision=...)``) and
+``python -m kunlunlab.bench encode``: faster query vectors that find the same passages."""
+import json
+
+import numpy as np
+import pytest
+
+from kunlunlab.retrieval.encoder import Encoder, resolve_query_precision
+
+QUERIES = ["Who founded Greinzond Studios?", "Which country is Tamsin Tomquovstael from?",
+           "In which year was the Velmora bridge opened?", "What is the capital of Skarfoust?"]
+
+
+@pytest.fixture(scope="module")
+def float32_vectors(encoder):
+    return encoder.embed_queries(QUERIES)
+
+
+@pytest.mark.parametrize("precision, min_cosine", [("bfloat16", 0.99), ("int8", 0.95)])
+def test_low_precision_query_vectors_point_where_float32_ones_do(precision, min_cosine, float32_vectors):
+    enc = Encoder(query_precision=precision)
+    vectors = enc.embed_queries(QUERIES)
+    assert vectors.dtype == np.float32 and vectors.shape == (4, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    cosines = (vectors * float32_vectors).sum(1)
+    assert (cosines >= min_cosine).all(), cosines
+    # passages stay float32 whatever the query precision: cached corpus embeddings remain valid
+    assert np.array_equal(enc.encode_passages(QUERIES[:2]), Encoder().encode_passages(QUERIES[:2]))
+
+
+def test_query_precision_names_are_checked():
+    with pytest.raises(ValueError, match="unknown query precision 'fp8'"):
+        resolve_query_precision("fp8")
+    assert resolve_query_precision("auto") in ("float32", "bfloat16")
+    assert resolve_query_precision("int8") == "int8"
+
+
+def test_encode_benchmark_prints_its_figures_as_the_last_json_line(capsys):
+    from kunlunlab.bench import main
+
+    assert main(["encode", "--n", "300", "--queries", "64", "--repeats", "1", "--precisions", "float32,int8"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("queries_per_s_b1", "queries_per_s_b8", "queries_per_s_b64", "retrieval_ms_per_call_8",
+                "recall_at_10_change"):
+        assert key in out
+    assert out["by_precision"]["float32"]["recall_at_10_vs_float32"] == 1.0  # float32 against itself
+    assert 0.5 <= out["by_precision"]["int8"]["recall_at_10_vs_float32"] <= 1.0
+    assert out["queries_per_s_b64"] > 0 and out["cached_retrieval_ms_per_call_8"] < out["retrieval_ms_per_call_8"]
