@@ -1,13 +1,11 @@
 """The script ``tests/test_multiprocess_training.py`` launches on every process of ``accelerate launch``:
-``kunlunlab train`` with one hook that records, per process, what TRL's ``GRPOTrainer`` hands each rank
-after gathering the rewards across processes (``_calculate_rewards`` returns the gathered
-``(processes × local completions, reward functions)`` tensor; advantages are normalised per group on it
-and each rank then takes its own slice).
+``kunlunlab train`` with one hook that records, per process, the rewards TRL's ``GRPOTrainer`` computed
+on that process's own rollouts and what the process got back after TRL gathered them from every
+process (``_calculate_rewards`` ends with ``gather``: the group advantages are normalised on the
+gathered ``(processes × local completions, reward functions)`` tensor and each rank keeps its slice).
 
-Each rank appends one line per DAPO generation batch to ``<run dir>/rank<i>_rewards.jsonl``: its rank,
-the number of processes, its local completions, the gathered reward tensor, and the totals it computed
-on its own rollouts before the gather (the reward functions' outputs on its slice). Usage, as
-``kunlunlab train``:  ``python tests/multiprocess_train.py train --run-dir DIR --set ...``"""
+Each rank appends one line per DAPO generation batch to ``<run dir>/rank<i>_rewards.jsonl``. Usage, as
+``kunlunlab train``:  ``python tests/multiprocess_train.py train --run-dir DIR --smoke --set ...``"""
 from __future__ import annotations
 
 import json
@@ -15,32 +13,39 @@ import sys
 from pathlib import Path
 
 
-def _run_dir(argv: list[str]) -> Path:
-    return Path(argv[argv.index("--run-dir") + 1])
+def _rows(tensor) -> list[list[float | None]]:
+    return [[None if v != v else v for v in row] for row in tensor.tolist()]  # NaN (a None reward) -> null
 
 
 def install_reward_recorder(run_dir: Path) -> None:
-    from trl import GRPOTrainer
+    import trl.trainer.grpo_trainer as grpo
 
-    calculate = GRPOTrainer._calculate_rewards
+    calculate, gather = grpo.GRPOTrainer._calculate_rewards, grpo.gather
+    seen: list = []
+
+    def recording_gather(tensor):  # the module's `gather` is called once, on the local reward tensor
+        seen.append(_rows(tensor))
+        return gather(tensor)
 
     def recording(self, inputs, prompts, completions, completion_ids_list):
+        seen.clear()
         gathered = calculate(self, inputs, prompts, completions, completion_ids_list)
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        row = {"rank": rank, "processes": world, "step": self.state.global_step, "local": len(prompts),
+        rank = self.accelerator.process_index
+        row = {"rank": rank, "processes": self.accelerator.num_processes, "step": self.state.global_step,
                "questions": [p if isinstance(p, str) else p[-1]["content"] for p in prompts],
-               "gathered": [[None if v != v else v for v in r] for r in gathered.tolist()]}  # NaN -> null
+               "local": seen[0] if len(seen) == 1 else None, "gathered": _rows(gathered)}
         with (run_dir / f"rank{rank}_rewards.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         return gathered
 
-    GRPOTrainer._calculate_rewards = recording
+    grpo.gather = recording_gather
+    grpo.GRPOTrainer._calculate_rewards = recording
 
 
 def main(argv: list[str]) -> int:
     from kunlunlab.cli import main as cli
 
-    install_reward_recorder(_run_dir(argv))
+    install_reward_recorder(Path(argv[argv.index("--run-dir") + 1]))
     return cli(argv)
 
 

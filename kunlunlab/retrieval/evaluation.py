@@ -28,15 +28,24 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
 
 def time_per_query(search: Callable, queries: np.ndarray, k: int, repeats: int = 1) -> tuple[float, np.ndarray]:
     """(milliseconds per query, result rows), issuing queries one at a time; with ``repeats`` > 1 the
-    median pass is reported (a shared 2-core machine is noisy)."""
+    median pass is reported (a shared 2-core machine is noisy).
+
+    numpy's BLAS (the cluster retriever's exact re-rank) runs with as many threads as FAISS has when the
+    call starts (callers set that to the thread count being compared): OpenBLAS otherwise splits a
+    single query's re-rank over every core once the candidate matrix passes its threading threshold
+    (about 680 candidates of dimension 384), which on the shared 2-core machine measured 2–8 ms per query
+    instead of 0.8 at 2000 candidates, and would time the retriever with more threads than the others."""
+    from threadpoolctl import threadpool_limits
+
     rows = np.empty((len(queries), k), dtype=np.int64)
     passes = []
-    for _ in range(max(1, repeats)):
-        gc.collect()
-        start = time.perf_counter()
-        for i in range(len(queries)):
-            rows[i] = search(queries[i:i + 1], k)[1][0]
-        passes.append((time.perf_counter() - start) * 1000 / max(1, len(queries)))
+    with threadpool_limits(limits=faiss.omp_get_max_threads(), user_api="blas"):
+        for _ in range(max(1, repeats)):
+            gc.collect()
+            start = time.perf_counter()
+            for i in range(len(queries)):
+                rows[i] = search(queries[i:i + 1], k)[1][0]
+            passes.append((time.perf_counter() - start) * 1000 / max(1, len(queries)))
     return float(np.median(passes)), rows
 
 

@@ -20,6 +20,10 @@ dropped and the batch is refilled with groups of other training questions (drawn
 rolled out, kept only if informative), up to ``max_resample`` refill rounds; groups still flat after
 that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless every group is flat.
 The refilled questions' gold answers reach the reward functions through the ``answers`` extra field.
+Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
+``prompts_per_step`` questions): refills are drawn from disjoint slices of the pool, "every group is
+flat" is judged on the whole batch, and the main process writes one ``dapo_rollouts.jsonl`` record per
+step for all of them (``processes`` in the record).
 Overlong shaping is the ``overlong_reward`` component (:mod:`kunlunlab.training.rewards`).
 """
 from __future__ import annotations
@@ -126,13 +130,16 @@ class SearchRollout:
         return [g for g, members in enumerate(groups) if len({round(accuracy[i], 6) for i in members}) == 1]
 
     def _refill(self, backend, questions: list[str], trajs: list, accuracy: list[float], groups: list[list[int]],
-                seed: int) -> tuple[int, int]:
+                seed: int, in_batch: set[str] | None = None, share: tuple[int, int] = (0, 1)) -> tuple[int, int]:
         """DAPO's dynamic sampling: flat groups are replaced, in place, by informative groups of questions
-        drawn from the training pool (not in this batch). Returns (groups refilled, questions tried)."""
+        drawn from the training pool (not in this batch: ``in_batch``, every process's questions under
+        accelerate). ``share``: (process index, processes); each process draws from its own slice of the
+        pool. Returns (groups refilled, questions tried)."""
         rng = random.Random(seed)
-        in_batch = set(questions)
+        in_batch = set(questions) | set(in_batch or ())
         pool = [q for q in self.answers if q not in in_batch]
-        rng.shuffle(pool)
+        rng.shuffle(pool)  # the same order on every process (same seed): the slices below are disjoint
+        pool = pool[share[0]::share[1]]  # (all processes drawing from the whole pool drew the same questions)
         refilled = tried = 0
         for attempt in range(self.dapo.max_resample):
             flat = self._flat(groups, accuracy)
@@ -162,12 +169,15 @@ class SearchRollout:
         groups_n = max(1, trainer.num_generations)
         groups = [list(range(i, min(i + groups_n, len(questions)))) for i in range(0, len(questions), groups_n)]
         seed = 1000 * (trainer.state.global_step + 1) + trainer.args.seed
+        rank, processes = _processes(trainer)
         trajs = self._roll(backend, questions, seed)
         accuracy = self._accuracies(questions, trajs)
         flat_before = len(self._flat(groups, accuracy))
         refilled = tried = 0
         if self.dapo.dynamic_sampling:
-            refilled, tried = self._refill(backend, questions, trajs, accuracy, groups, seed)
+            others = _gather(questions, processes) if processes > 1 else []  # every process's questions
+            refilled, tried = self._refill(backend, questions, trajs, accuracy, groups, seed, set(others),
+                                           (rank, processes))
         flat = [groups[g] for g in self._flat(groups, accuracy)]
         records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
         budgets = [budget_score(t.doc_ids, self.supporting.get(q, []), self._background_ids.get(q),
@@ -179,7 +189,13 @@ class SearchRollout:
         eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         eos = eos if isinstance(eos, int) and eos >= 0 else self.tokenizer.eos_token_id
         filtered = set()
-        if self.dapo.dynamic_sampling and flat and len(flat) < len(groups):
+        n_flat, n_groups = len(flat), len(groups)
+        if self.dapo.dynamic_sampling and processes > 1:
+            # "unless every group is flat" is about the whole batch, which TRL gathers from every process
+            # (the loss is normalised by the tokens of all of them): decided on the global counts
+            counts = _gather([(n_flat, n_groups)], processes)
+            n_flat, n_groups = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        if self.dapo.dynamic_sampling and flat and n_flat < n_groups:
             filtered = {i for g in flat for i in g}
         completion_ids, logprobs, env_mask = [], [], []
         for i, t in enumerate(trajs):
@@ -207,8 +223,12 @@ class SearchRollout:
             "stie_rounds": sum(len(t.rounds) for t in trajs) / len(trajs),
             "budget": _mean_or_none(budgets),
         }
+        if processes > 1:
+            # Under accelerate every process rolls out its own groups; one record of the whole step is
+            # written by the main process (both appending to one file interleaved two partial records)
+            stats = _merge_stats(_gather([stats], processes))
         self.history.append(stats)
-        if self.log_path is not None:
+        if self.log_path is not None and rank == 0:
             with self.log_path.open("a") as f:
                 f.write(json.dumps(stats) + "\n")
         log.info("rollout step %d: reward %.3f, searches %.2f, format %.2f, flat groups %d/%d", stats["step"],
@@ -217,6 +237,47 @@ class SearchRollout:
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records],
                 "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets}
+
+
+def _processes(trainer) -> tuple[int, int]:
+    """(process index, number of processes) of the trainer's accelerator; (0, 1) for a plain object."""
+    accelerator = getattr(trainer, "accelerator", None)
+    return getattr(accelerator, "process_index", 0), getattr(accelerator, "num_processes", 1)
+
+
+def _gather(values: list, processes: int) -> list:
+    """Every process's ``values``, concatenated in process order (a collective: all processes call it)."""
+    if processes <= 1:
+        return list(values)
+    from accelerate.utils import gather_object
+
+    return gather_object(values)
+
+
+_SUMMED = ("rollouts", "flat_groups_before", "refilled_groups", "refill_questions_tried", "filtered_groups",
+           "flat_groups", "groups")
+
+
+def _merge_stats(parts: list[dict]) -> dict:
+    """One step's rollout record from every process's: counts summed, per-rollout means weighted by the
+    process's rollouts, seconds of the slowest process."""
+    if len(parts) == 1:
+        return parts[0]
+    n = sum(p["rollouts"] for p in parts)
+    merged = {}
+    for key, value in parts[0].items():
+        if key == "step":
+            merged[key] = value
+        elif key in _SUMMED:
+            merged[key] = sum(p[key] for p in parts)
+        elif key == "seconds":
+            merged[key] = max(p[key] for p in parts)
+        else:  # a mean over the process's rollouts (budget: None where no rollout had one)
+            present = [p for p in parts if p[key] is not None]
+            weight = sum(p["rollouts"] for p in present)
+            merged[key] = sum(p[key] * p["rollouts"] for p in present) / weight if present else None
+    merged["processes"] = len(parts)
+    return merged
 
 
 def _mean_or_none(values: list[float | None]) -> float | None:

@@ -225,8 +225,9 @@ class TrainingRun:
         self.sft_callbacks, self.dapo_callbacks = sft_callbacks, dapo_callbacks
         self.run_dir.mkdir(parents=True, exist_ok=True)
         check_run_folder(cfg, self.run_dir)
-        (self.run_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         self.main_process = _is_main_process()
+        if self.main_process:  # under accelerate the other processes read it meanwhile (check_run_folder):
+            _write_atomic(self.run_dir / "train_config.json", json.dumps(cfg.to_dict(), indent=2))  # whole or absent
         self.state = RunState(self.run_dir, writer=self.main_process)
         self.state.set("config_hash", config_hash(json.loads(json.dumps(cfg.to_dict()))))
         if cfg.threads:
@@ -270,10 +271,11 @@ class TrainingRun:
         from kunlunlab.training.mixing import data_stats, schedule
 
         self.trajectories = mix_training_data(self.cfg, self.data, self.retriever)
-        with (self.run_dir / "trajectories.jsonl").open("w") as f:
-            for t in self.trajectories:
-                f.write(json.dumps(t.to_dict()) + "\n")
-        (self.run_dir / "schedule.json").write_text(json.dumps(schedule(training_mixing(self.cfg)), indent=2))
+        if self.main_process:  # every process mixes the same data; one writes it (two truncated each other's)
+            with (self.run_dir / "trajectories.jsonl").open("w") as f:
+                for t in self.trajectories:
+                    f.write(json.dumps(t.to_dict()) + "\n")
+            (self.run_dir / "schedule.json").write_text(json.dumps(schedule(training_mixing(self.cfg)), indent=2))
         self.stats_rows = data_stats(self.trajectories, self.tok)
         self.say(f"mixed {len(self.trajectories)} trajectories over {self.cfg.mixing.epochs} epochs")
         return self.trajectories
@@ -286,11 +288,11 @@ class TrainingRun:
 
     def _finish_stage(self, stage: str, trainer, final: Path, t0: float) -> None:
         """The final model, the Trainer log, seconds and steps, and the stage marked done in state.json."""
-        trainer.save_model(str(final))
-        self.tok.save_pretrained(str(final))
-        if self.main_process:
+        trainer.save_model(str(final))  # the Trainer saves on the main process only
+        if self.main_process:  # likewise the rest: under accelerate all processes wrote the same files at once
+            self.tok.save_pretrained(str(final))
             (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(self.cfg), indent=2))
-        _write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
+            _write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
         self.timings[stage] = round(time.perf_counter() - t0, 1)
         self.steps[stage] = trainer.state.global_step
         self.state.set("seconds", self.timings)
@@ -451,9 +453,21 @@ def heldout_examples(cfg: TrainConfig, world_questions: int, hotpot_questions: i
 
 
 def _is_main_process() -> bool:
+    import torch
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
-    return PartialState().is_main_process
+    # cpu as the trainers set it (use_cpu without CUDA; ACCELERATE_USE_CPU): under a CPU-only `accelerate
+    # launch`, PartialState(cpu=False) finds no backend, calls the state "not distributed" and gives every
+    # rank process index 0, so every rank took itself for the main one and wrote and evaluated as such
+    cpu = not torch.cuda.is_available() or parse_flag_from_env("ACCELERATE_USE_CPU")
+    return PartialState(cpu=cpu).is_main_process
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def _write_log(path: Path, history: list[dict]) -> None:

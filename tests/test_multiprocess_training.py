@@ -1,0 +1,179 @@
+"""Training on more than one process: the SFT and DAPO stages under ``accelerate launch --num_processes 2``
+on CPU (gloo), with the embedded model at the smoke sizes, against the same config run in one process.
+
+The launched script is ``kunlunlab train`` (``tests/multiprocess_train.py`` adds a recorder of the rewards
+each rank computed and got back from TRL's gather). Checked: both ranks exit 0; in every DAPO step both
+ranks hold the same gathered rewards, made of each rank's own rollouts in rank order; the one
+``dapo_rollouts.jsonl`` record of the step covers both ranks' rollouts and agrees with TRL's logged
+reward; only the main process evaluates; the saved ``sft/final`` and ``dapo/final`` load with
+``load_llm`` and have the parameter names and shapes of the single-process run's models. About 2 minutes
+on 2 CPU cores (deselect with ``-m "not multiprocess"``)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = Path(__file__).resolve().parent / "multiprocess_train.py"
+PROCESSES = 2
+# The smoke sizes (SMOKE_OVERRIDES: 2 SFT steps of batch 2, 1 DAPO step of 1 question × 2 samples per
+# process) without HotpotQA or the evaluation before; one held-out question after; BM25 retrieval (no
+# corpus embedding); one SFT checkpoint, so saving one under two processes is exercised too. The overlong
+# penalty starts at the first model token (-model_tokens/160): the untrained model earns no format or
+# accuracy reward in 32-token turns, and all-zero rewards would make the comparison across ranks empty.
+OVERRIDES = ["hotpot=false", "index_kind=bm25", "eval.before=false", "eval.world_questions=1",
+             "eval.hotpot_questions=0", "sft.save_steps=2", "bf16=false",
+             "rewards.overlong_max_tokens=160", "rewards.overlong_buffer=160"]
+RUN_TIMEOUT = 600
+
+
+def _gloo_missing() -> str | None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "torch was built without torch.distributed"
+    if not dist.is_gloo_available():
+        return "torch.distributed has no gloo backend (needed for multi-process training on CPU)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES="", TRL_EXPERIMENTAL_SILENCE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run(cmd: list[str], what: str) -> tuple[float, str]:
+    """Runs ``cmd`` (one thread per process, whatever else the machine runs): (seconds, output); fails with
+    the output's tail."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its ranks (their own session)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} ran past {RUN_TIMEOUT} s (a rank waiting on a collective?):\n{out[-6000:]}")
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}:\n{out[-6000:]}"
+    return time.perf_counter() - t0, out
+
+
+def _train_args(run_dir: Path) -> list[str]:
+    return ["train", "--run-dir", str(run_dir), "--smoke", "--set", *OVERRIDES]
+
+
+def _launch_args() -> list[str]:
+    # `--cpu` would start ONE process (accelerate's simple launcher runs several CPU processes only through
+    # mpirun); `--multi_gpu` starts them through torchrun, and ACCELERATE_USE_CPU=1 with no visible GPU
+    # makes them CPU processes of a gloo group
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(PROCESSES),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port())]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    missing = _gloo_missing()
+    if missing:
+        pytest.skip(missing)
+    from kunlunlab.training.pipeline import run_config
+
+    single, multi = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("multi")
+    # `kunlunlab train` in one process first: it also converts the embedded model into the cache once (two
+    # ranks converting it at the same time would race on the cache folder)
+    seconds, _ = _run([sys.executable, "-m", "kunlunlab.cli", *_train_args(single)], "kunlunlab train")
+    launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi)], "accelerate launch")
+    return {"cfg": run_config(None, OVERRIDES, smoke=True), "single": single, "multi": multi, "out": out,
+            "seconds": {"single": seconds, "multi": launched}}
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _total(row: list, weights: list[float]) -> float:  # TRL's weighted nansum of one completion's rewards
+    return sum(w * v for w, v in zip(weights, row) if v is not None)
+
+
+def test_both_ranks_finish_both_stages(runs):
+    multi, out = runs["multi"], runs["out"]
+    # every rank reports its stages (exit code 0 checked by the fixture); only the main process evaluates
+    assert out.count("SFT done: 2 steps") == PROCESSES and out.count("DAPO done: 1 steps") == PROCESSES, out[-4000:]
+    assert out.count("eval after: world EM") == 1, out[-4000:]
+    state = json.loads((multi / "state.json").read_text())
+    assert state["sft_done"] and state["dapo_done"]
+    assert state["steps"] == {"sft": 2, "dapo": 1}
+    assert (multi / "training_summary.json").is_file()  # the main process evaluated after training
+    assert (multi / "sft" / "checkpoint-2").is_dir()
+    assert len(_jsonl(multi / "trajectories.jsonl")) == len(_jsonl(runs["single"] / "trajectories.jsonl"))
+    ranks = sorted(p.name for p in multi.glob("rank*_rewards.jsonl"))
+    assert ranks == [f"rank{r}_rewards.jsonl" for r in range(PROCESSES)], "a rank did not reach DAPO's rewards"
+
+
+def test_both_ranks_see_the_same_gathered_rewards(runs):
+    multi, cfg = runs["multi"], runs["cfg"]
+    by_rank = [_jsonl(multi / f"rank{r}_rewards.jsonl") for r in range(PROCESSES)]
+    steps = cfg.dapo.steps
+    per_rank = cfg.dapo.prompts_per_step * cfg.dapo.num_generations
+    assert [len(rows) for rows in by_rank] == [steps] * PROCESSES
+    for step_rows in zip(*by_rank):
+        assert [r["rank"] for r in step_rows] == list(range(PROCESSES))
+        assert {r["processes"] for r in step_rows} == {PROCESSES} and len({r["step"] for r in step_rows}) == 1
+        gathered = step_rows[0]["gathered"]
+        assert len(gathered) == PROCESSES * per_rank and len(gathered[0]) == len(cfg.rewards.weights)
+        assert all(row[-1] < 0 for row in gathered), "every completion has an overlong penalty (OVERRIDES)"
+        for r in step_rows:
+            assert r["gathered"] == gathered, f"rank {r['rank']} holds other rewards than rank 0"
+            # each rank rolled out whole groups of its own questions; its rewards sit at its slot
+            assert len(r["questions"]) == per_rank and len(set(r["questions"])) == cfg.dapo.prompts_per_step
+            assert gathered[r["rank"] * per_rank:(r["rank"] + 1) * per_rank] == r["local"]
+        assert not set(step_rows[0]["questions"]) & set(step_rows[1]["questions"]), "both ranks got one question"
+
+    # dapo_rollouts.jsonl: one record per step, written once, for the rollouts of both ranks; its mean reward
+    # (SearchRollout's own scoring) is TRL's mean over the gathered rewards, as logged in dapo_log.jsonl
+    rollouts = _jsonl(multi / "dapo_rollouts.jsonl")
+    assert [r["step"] for r in rollouts] == list(range(steps))
+    logged = [row for row in _jsonl(multi / "dapo_log.jsonl") if "reward" in row]
+    for record, step_rows, log_row in zip(rollouts, zip(*by_rank), logged):
+        assert record["processes"] == PROCESSES and record["rollouts"] == PROCESSES * per_rank
+        totals = [_total(row, cfg.rewards.weights) for row in step_rows[0]["gathered"]]
+        assert record["reward"] == pytest.approx(sum(totals) / len(totals), abs=1e-5)
+        assert log_row["reward"] == pytest.approx(record["reward"], abs=1e-5)
+
+
+def test_final_models_load_and_match_the_single_process_run(runs):
+    from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
+    from kunlunlab.models import load_llm
+
+    def shapes(model):
+        return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+    base, _ = load_llm()
+    base_params = dict(base.named_parameters())
+    for stage in ("sft", "dapo"):
+        final = runs["multi"] / stage / "final"
+        assert (final / AGENT_SETTINGS_FILE).is_file()
+        multi, tok = load_llm(str(final))
+        single, _ = load_llm(str(runs["single"] / stage / "final"))
+        assert shapes(multi) == shapes(single) == shapes(base), stage
+        assert tok("<search>")["input_ids"], stage
+        if stage == "sft":  # two processes trained it: the top layers moved from the embedded model's
+            assert any(not p.detach().equal(base_params[n].detach()) for n, p in multi.named_parameters())
