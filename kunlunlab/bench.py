@@ -4,6 +4,7 @@
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
     python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
     python -m kunlunlab.bench encode [--n 10000] [--precisions float32,bfloat16,int8]
+    python -m kunlunlab.bench build [--n 10000] [--index-n 1000000] [--engine stream|ray]
 
 ``retrieval``: exact Flat vs IVF-PQ vs the clustering retriever, one query at a time, the same
 FAISS thread count for every index, recall@10 against exact top-10, measured by
@@ -67,9 +68,9 @@ def world_vectors(n: int, n_queries: int, embedder: str | None, seed: int) -> tu
     return vectors, encoder.encode_queries(texts)
 
 
-def gaussian_vectors(n: int, n_queries: int, dim: int = 384, n_modes: int = 2048,
-                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Mixture of Gaussians on the unit sphere with per-mode anisotropic spread (like real embeddings)."""
+def gaussian_mixture(dim: int = 384, n_modes: int = 2048, seed: int = 0):
+    """A sampler ``draw(m) -> (m, dim)`` of a mixture of Gaussians on the unit sphere with per-mode
+    anisotropic spread (like real embeddings); successive draws continue one random stream."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(n_modes, dim)).astype(np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
@@ -84,6 +85,13 @@ def gaussian_vectors(n: int, n_queries: int, dim: int = 384, n_modes: int = 2048
             out[start:stop] = x / np.linalg.norm(x, axis=1, keepdims=True)
         return out
 
+    return draw
+
+
+def gaussian_vectors(n: int, n_queries: int, dim: int = 384, n_modes: int = 2048,
+                     seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` corpus vectors and ``n_queries`` queries from one :func:`gaussian_mixture`."""
+    draw = gaussian_mixture(dim, n_modes, seed)
     return draw(n), draw(n_queries)
 
 
@@ -238,16 +246,19 @@ def _median_seconds(fn, repeats: int) -> float:
 
 def bench_encode(cfg: EncodeBenchConfig) -> dict:
     """Query encoding, the dominant cost of a retrieval call: queries/s at batch 1, 8 and 64 per query
-    precision (``Encoder(query_precision=...)``), end-to-end retrieval (encode + exact search of the
-    top-10 over ``n`` passages) per call of 8 new queries, the same call served from the query cache, and
-    recall@10 of each precision's top-10 against float32 queries' top-10 on the same index. The top-level
-    figures are those of ``auto`` (what the retriever uses by default)."""
+    precision (``Encoder(query_precision=...)``); end-to-end retrieval per call of 8 new queries, encode +
+    top-10 search over ``n`` passages by the workbench's default index (the clustering retriever, warmed
+    up; ``retrieval_ms_per_call_8``, with ``encode_ms_per_call_8`` its encoding part) and by exact Flat
+    search (``flat_retrieval_ms_per_call_8``); the cached call (query cache); and recall@10 of each
+    precision's exact top-10 against float32 queries' exact top-10. The top-level figures are those of
+    ``auto`` (bfloat16 where the hardware multiplies it natively)."""
     import faiss
     import torch
 
     from kunlunlab.data.questions import make_questions
     from kunlunlab.data.world import World
-    from kunlunlab.retrieval.encoder import Encoder, corpus_embeddings, query_model, resolve_query_precision
+    from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
+    from kunlunlab.retrieval.encoder import Encoder, corpus_embeddings, resolve_query_precision
 
     world = World.generate(n_passages=cfg.n, seed=cfg.seed)
     encoder = Encoder(cfg.embedder)
@@ -256,9 +267,14 @@ def bench_encode(cfg: EncodeBenchConfig) -> dict:
     questions = make_questions(world, max(64, cfg.queries), seed=cfg.seed + 1)
     texts = list(dict.fromkeys(hop.question for q in questions for hop in q.chain))[:cfg.queries]
     _, exact = index.search(encoder.embed_queries(texts), 10)
+    cluster = ClusterRetriever(encoder.dim, ClusterConfig(seed=cfg.seed)).build(
+        corpus_embeddings(encoder, world.passages, progress=False))
+    warm = encoder.embed_queries(texts)
+    for _ in range(4):  # past the cold start of the annealing and the EMA weights, as in serving
+        cluster.search(warm, 10)
     results = {}
     for precision in [p.strip() for p in cfg.precisions.split(",") if p.strip()]:
-        encoder.query_precision, encoder.query_model = precision, query_model(encoder.model, precision)
+        encoder.set_query_precision(precision)
         encoder.embed_queries(texts[:64])  # warm-up: allocator, oneDNN kernels for these shapes
         row = {}
         for batch in (1, 8, 64):
@@ -266,8 +282,10 @@ def bench_encode(cfg: EncodeBenchConfig) -> dict:
             seconds = _median_seconds(lambda: [encoder.embed_queries(c) for c in chunks], cfg.repeats)
             row[f"queries_per_s_b{batch}"] = round(sum(map(len, chunks)) / seconds, 1)
         calls = [texts[i:i + 8] for i in range(0, min(len(texts), 256), 8)]
-        seconds = _median_seconds(lambda: [index.search(encoder.embed_queries(c), 10) for c in calls], cfg.repeats)
-        row["retrieval_ms_per_call_8"] = round(1000 * seconds / len(calls), 2)
+        for key, run in (("encode_ms_per_call_8", lambda: [encoder.embed_queries(c) for c in calls]),
+                         ("retrieval_ms_per_call_8", lambda: [cluster.search(encoder.embed_queries(c), 10) for c in calls]),
+                         ("flat_retrieval_ms_per_call_8", lambda: [index.search(encoder.embed_queries(c), 10) for c in calls])):
+            row[key] = round(1000 * _median_seconds(run, cfg.repeats) / len(calls), 2)
         _, found = index.search(encoder.embed_queries(texts), 10)
         row["recall_at_10_vs_float32"] = round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in
                                                               zip(found, exact)])), 4)
@@ -279,7 +297,7 @@ def bench_encode(cfg: EncodeBenchConfig) -> dict:
     best = results.get(auto) or results["float32"]
     base = results.get("float32", best)
     return {**{k: best[k] for k in ("queries_per_s_b1", "queries_per_s_b8", "queries_per_s_b64",
-                                    "retrieval_ms_per_call_8")},
+                                    "retrieval_ms_per_call_8", "encode_ms_per_call_8", "flat_retrieval_ms_per_call_8")},
             "recall_at_10_change": round(best["recall_at_10_vs_float32"] - 1.0, 4),
             "precision": auto if auto in results else "float32",
             "speedup_b8_vs_float32": round(best["queries_per_s_b8"] / base["queries_per_s_b8"], 2),
@@ -299,6 +317,7 @@ class ServiceBenchConfig:
     batch_window_ms: float = 3.0
     max_batch_queries: int = 64
     threads: int = 0             # torch/FAISS threads in the service; 0: their defaults
+    query_precision: str = "auto"  # the service's query encoder (serve-retriever --query-precision)
     embedder: str | None = None
     seed: int = 0
 
@@ -323,7 +342,8 @@ def bench_service(cfg: ServiceBenchConfig) -> dict:
     from kunlunlab.retrieval.service import ServiceThread
 
     world = World.generate(n_passages=cfg.n, seed=cfg.seed)
-    retriever = build_retriever(world.passages, IndexConfig(kind=cfg.kind, embedder=cfg.embedder), progress=True)
+    retriever = build_retriever(world.passages, IndexConfig(kind=cfg.kind, embedder=cfg.embedder,
+                                                            query_precision=cfg.query_precision), progress=True)
     if retriever.encoder is not None:
         retriever.encoder.cache_size = 0
     if cfg.threads:
@@ -367,7 +387,119 @@ def bench_service(cfg: ServiceBenchConfig) -> dict:
             "mean_batch_queries": batched["mean_batch_queries"],
             "unbatched": {k: unbatched[k] for k in keys + ("mean_batch_queries",)},
             "n": cfg.n, "kind": cfg.kind, "duration_s": cfg.duration, "queries_per_request": cfg.queries_per_request,
-            "topk": cfg.topk, "batch_window_ms": cfg.batch_window_ms, "threads": cfg.threads, "cpus": os.cpu_count()}
+            "topk": cfg.topk, "batch_window_ms": cfg.batch_window_ms, "threads": cfg.threads,
+            "query_precision": cfg.query_precision, "cpus": os.cpu_count()}
+
+
+@dataclass
+class BuildBenchConfig:
+    n: int = 10_000              # world passages the streamed build embeds (0: skip); real MiniLM embedding
+    index_n: int = 1_000_000     # Gaussian vectors the index steps alone are measured on (0: skip)
+    kind: str = "cluster"
+    engine: str = "stream"       # stream | ray: the embedding engine of the streamed build
+    shard_rows: int = 50_000
+    part: str = "all"            # all (each part in its own process) | stream | shards | index_sharded | index_inprocess
+    work_dir: str = ""           # default: a temporary folder, removed after
+    seed: int = 0
+
+
+def _gaussian_shards(n: int, shard_rows: int, folder, seed: int) -> list:
+    """``n`` vectors of :func:`gaussian_mixture` written as shards, drawn one shard at a time (this process
+    never holds more than one)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    draw, shards = gaussian_mixture(seed=seed), []
+    for i, start in enumerate(range(0, n, shard_rows)):
+        shards.append(folder / f"emb-{i:05d}.npy")
+        np.save(shards[-1], draw(min(shard_rows, n - start)))
+    return shards
+
+
+def bench_build(cfg: BuildBenchConfig) -> dict:
+    """Peak memory and time of an index build that streams (:mod:`kunlunlab.retrieval.sharded`), each part
+    in its own process so each peak is its own: ``stream``, the whole streamed build of ``n`` world
+    passages (corpus pass, embedding in shards, train, add); ``index_sharded``, the index steps alone
+    (concatenate, train, add shard by shard, save) over ``index_n`` Gaussian vectors written as shards;
+    ``index_inprocess``, the in-process build over the same vectors held in RAM, for contrast. Gaussian
+    vectors stand in for embeddings at ``index_n`` because embedding 1M passages with MiniLM takes about
+    5 hours on 2 CPU cores; the index steps' memory does not depend on what the vectors encode."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from kunlunlab.retrieval.retriever import IndexConfig, make_index
+    from kunlunlab.retrieval.sharded import ShardedBuildConfig, build_sharded, index_from_shards, peak_rss_mb
+
+    if cfg.part == "all":
+        work = Path(cfg.work_dir or tempfile.mkdtemp(prefix="kl-build-"))
+        out = {"n": cfg.n, "index_n": cfg.index_n, "kind": cfg.kind, "engine": cfg.engine}
+        parts = (["stream"] if cfg.n else []) + (["shards", "index_sharded", "index_inprocess"] if cfg.index_n else [])
+        try:
+            for part in parts:
+                command = [sys.executable, "-m", "kunlunlab.bench", "build", "--part", part, "--work-dir", str(work)]
+                for name, value in asdict(cfg).items():
+                    if name not in ("part", "work_dir"):
+                        command += ["--" + name.replace("_", "-"), str(value)]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode:
+                    raise RuntimeError(f"bench build --part {part} failed: {done.stderr[-3000:]}")
+                out[part] = json.loads(done.stdout.strip().splitlines()[-1])
+                print(part, json.dumps(out[part]), file=sys.stderr, flush=True)
+        finally:
+            if not cfg.work_dir:
+                shutil.rmtree(work, ignore_errors=True)
+        return out
+
+    work = Path(cfg.work_dir)
+    config = IndexConfig(kind=cfg.kind)
+    if cfg.part == "stream":
+        from kunlunlab.data.world import World
+        from kunlunlab.retrieval.store import corpus_line
+
+        corpus = work / "world.jsonl"
+        if not corpus.is_file():  # the corpus file a user would bring (written in a child: the world is in RAM)
+            script = ("import sys; from kunlunlab.data.world import World; from kunlunlab.retrieval.store import "
+                      "corpus_line; f = open(sys.argv[1], 'w', encoding='utf-8'); "
+                      "[f.write(corpus_line(p)) for p in World.generate(n_passages=int(sys.argv[2]), "
+                      "seed=int(sys.argv[3])).passages]; f.close()")
+            subprocess.run([sys.executable, "-c", script, str(corpus), str(cfg.n), str(cfg.seed)], check=True)
+        start = time.perf_counter()
+        manifest = build_sharded(corpus, config, work / "stream", ShardedBuildConfig(engine=cfg.engine,
+                                 shard_rows=cfg.shard_rows), log=lambda line: print(line, file=sys.stderr, flush=True))
+        seconds = time.perf_counter() - start
+        build = manifest["build"]
+        return {"passages": manifest["n"], "seconds": round(seconds, 1), "seconds_by_step": build["seconds"],
+                "passages_per_s": round(manifest["n"] / build["seconds"]["embed"], 1),
+                "peak_rss_mb": round(peak_rss_mb(), 1)}
+    if cfg.part == "shards":  # in a process of its own: drawing them costs memory the builds should not show
+        shards = _gaussian_shards(cfg.index_n, cfg.shard_rows, work / "gauss", cfg.seed)
+        return {"shards": len(shards), "vectors": cfg.index_n}
+    shards = sorted((work / "gauss").glob("emb-*.npy"))
+    if not shards:
+        raise FileNotFoundError(f"no shards in {work / 'gauss'}: run --part shards first (or --part all)")
+    rss_before = peak_rss_mb()
+    start = time.perf_counter()
+    if cfg.part == "index_sharded":
+        index, steps = index_from_shards(shards, config, 384, work / "index_sharded")
+        steps = {k: round(v, 1) for k, v in steps.items()}
+    elif cfg.part == "index_inprocess":
+        vectors = np.concatenate([np.load(s) for s in shards])  # what build_retriever is handed: every vector
+        index = make_index(config, vectors.shape[1])
+        if hasattr(index, "build"):  # the clustering retriever
+            index.build(vectors)
+        else:
+            index.add(vectors)
+        (work / "index_inprocess").mkdir(exist_ok=True)
+        index.save(work / "index_inprocess")
+        steps = {}
+    else:
+        raise ValueError(f"unknown part {cfg.part!r}")
+    return {"vectors": int(index.ntotal), "seconds": round(time.perf_counter() - start, 1), "seconds_by_step": steps,
+            "peak_rss_mb": round(peak_rss_mb(), 1), "peak_rss_mb_before": round(rss_before, 1),
+            "ram_bytes_per_vector": round(index.bytes_per_vector(), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,7 +526,14 @@ def main(argv: list[str] | None = None) -> int:
     service_defaults = ServiceBenchConfig()
     for name, value in asdict(service_defaults).items():
         v.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    d = sub.add_parser("build", help="peak memory and time of a streamed (sharded) index build")
+    build_defaults = BuildBenchConfig()
+    for name, value in asdict(build_defaults).items():
+        d.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
     args = parser.parse_args(argv)
+    if args.which == "build":
+        print(json.dumps(bench_build(BuildBenchConfig(**{k: getattr(args, k) for k in asdict(build_defaults)}))))
+        return 0
     if args.which == "service":
         print(json.dumps(bench_service(ServiceBenchConfig(**{k: getattr(args, k) for k in asdict(service_defaults)}))))
         return 0

@@ -154,3 +154,33 @@ def test_auto_budget_follows_the_rule_and_grows_with_n(data):
         ClusterRetriever(DIM, ClusterConfig(candidate_budget=-1))
     with pytest.raises(ValueError, match="selection must be"):
         ClusterRetriever(DIM, ClusterConfig(selection="random"))
+
+
+def test_dynamic_vs_nearest_pairs_equal_budgets_and_states_the_verdict():
+    from kunlunlab.retrieval.evaluation import dynamic_vs_nearest
+
+    def row(family, setting, budget, recall, ms):
+        return {"family": family, "setting": setting, "budget": budget, "recall_at_10": recall, "ms": ms}
+
+    rows = [row("cluster", "budget=64", 64, 0.90, 0.20), row("cluster", "budget=128", 128, 0.95, 0.30),
+            row("cluster", "budget=256", 256, 0.97, 0.40),
+            row("cluster_nearest", "budget=64,fill", 64, 0.88, 0.10),
+            row("cluster_nearest", "budget=128,fill", 128, 0.951, 0.20),
+            row("cluster_nearest", "budget=128,nprobe=4", 128, 0.99, 0.50),  # not a fill row: not paired
+            row("cluster_nearest", "budget=512,fill", 512, 0.99, 0.60)]      # no dynamic row at 512
+    result = dynamic_vs_nearest(rows)
+    assert [p["budget"] for p in result["pairs"]] == [64, 128]
+    assert [p["recall_gain"] for p in result["pairs"]] == [0.02, -0.001]
+    assert (result["wins"], result["ties"], result["losses"]) == (1, 1, 0)
+    assert result["mean_recall_gain"] == pytest.approx(0.0095)
+    assert result["verdict"].startswith("Dynamic sampling beats") and "over 2 budgets" in result["verdict"]
+    # plain nprobe at the budget it was swept at (128): nprobe=4 reaches dynamic's 0.95 (0.99), in 0.50 ms
+    assert result["nprobe_match"]["setting"] == "budget=128,nprobe=4"
+    assert "nprobe=4 in 0.500 ms" in result["verdict"]
+    rows[0]["recall_at_10"] = 0.87  # now 0.87 vs 0.88 and 0.95 vs 0.951: no gain
+    rows[5]["recall_at_10"] = 0.90  # and the nprobe row below dynamic's 0.95 at budget 128
+    result = dynamic_vs_nearest(rows)
+    assert result["verdict"].startswith("Dynamic sampling does not beat") and result["nprobe_match"] is None
+    assert "does not reach it at any nprobe swept (best 0.9000)" in result["verdict"]
+    with pytest.raises(ValueError, match="no budget"):
+        dynamic_vs_nearest([r for r in rows if r["family"] == "cluster"])

@@ -32,31 +32,40 @@ BENCHMARK_FILES = {
 
 # ---------------------------------------------------------------------------- raw records
 def _records(path: Path) -> Iterator[tuple[dict, dict]]:
-    """(record, location) pairs from a JSON list or a jsonl file; location feeds error messages."""
+    """(record, location) pairs from a JSON list or a jsonl file; location feeds error messages.
+
+    A jsonl file is read line by line (a corpus of any size streams from disk); a JSON list is parsed whole."""
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataFormatError(path, f"invalid JSON: {err.msg}", line=err.lineno) from err
-        for i, item in enumerate(items):
+    with path.open(encoding="utf-8") as fh:
+        first = ""
+        while not first:
+            chunk = fh.read(4096)
+            if not chunk:
+                return  # empty file
+            first = chunk.lstrip()[:1]
+        fh.seek(0)
+        if first == "[":
+            text = fh.read()
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataFormatError(path, f"invalid JSON: {err.msg}", line=err.lineno) from err
+            for i, item in enumerate(items):
+                if not isinstance(item, dict):
+                    raise DataFormatError(path, f"expected an object, got {type(item).__name__}", record=i)
+                yield item, {"record": i}
+            return
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataFormatError(path, f"invalid JSON: {err.msg}", line=lineno) from err
             if not isinstance(item, dict):
-                raise DataFormatError(path, f"expected an object, got {type(item).__name__}", record=i)
-            yield item, {"record": i}
-        return
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataFormatError(path, f"invalid JSON: {err.msg}", line=lineno) from err
-        if not isinstance(item, dict):
-            raise DataFormatError(path, f"expected an object, got {type(item).__name__}", line=lineno)
-        yield item, {"line": lineno}
+                raise DataFormatError(path, f"expected an object, got {type(item).__name__}", line=lineno)
+            yield item, {"line": lineno}
 
 
 def _field(item: dict, name: str, path: Path, where: dict, kinds: tuple[type, ...] = (str,)) -> Any:
@@ -177,32 +186,43 @@ def _split_contents(contents: str) -> tuple[str, str]:
     return "", contents
 
 
+def flashrag_passage(pid: str | int, contents: str) -> Passage:
+    """A passage from a FlashRAG ``{id, contents}`` record (title on the first line, in quotes, if any)."""
+    return Passage(str(pid), *_split_contents(contents))
+
+
 def load_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
     """Reads FlashRAG jsonl (``id, contents``), a ``{title, text}`` JSON list, or HotpotQA contexts."""
-    path = Path(path)
     out: list[Passage] = []
-    seen: set[str] = set()
-    for index, (item, where) in enumerate(_records(path)):
+    for passage in iter_corpus(path):
         if limit is not None and len(out) >= limit:
             break
+        out.append(passage)
+    return out
+
+
+def iter_corpus(path: str | Path) -> Iterator[Passage]:
+    """The passages of a corpus file in order, one at a time: a FlashRAG jsonl corpus streams from disk
+    (what ``kunlunlab build-index --engine stream|ray`` reads); the JSON-list layouts are parsed whole."""
+    path = Path(path)
+    seen: set[str] = set()
+    for index, (item, where) in enumerate(_records(path)):
         if "contents" in item:
-            title, text = _split_contents(_field(item, "contents", path, where))
-            pid = str(_field(item, "id", path, where, (str, int)))
-            out.append(Passage(pid, title, text))
+            contents = _field(item, "contents", path, where)
+            yield flashrag_passage(_field(item, "id", path, where, (str, int)), contents)
         elif "text" in item:
             title = item.get("title", "")
             if not isinstance(title, str):
                 raise DataFormatError(path, "expected str", field_name="title", **where)
-            out.append(Passage(str(item.get("id", index)), title, _field(item, "text", path, where)))
+            yield Passage(str(item.get("id", index)), title, _field(item, "text", path, where))
         elif "context" in item and "supporting_facts" in item:
             for para in _parse_qa(item, "hotpot", path, where, index, "hotpot").context:
                 if para.id not in seen:
                     seen.add(para.id)
-                    out.append(para)
+                    yield para
         else:
             raise DataFormatError(path, f"unrecognised corpus layout (keys {sorted(item)}); expected "
                                   "{id, contents}, {title, text} or HotpotQA records", **where)
-    return out
 
 
 def corpus_from_examples(examples: list[QAExample]) -> list[Passage]:

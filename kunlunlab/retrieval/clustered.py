@@ -54,6 +54,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -233,6 +234,7 @@ class ClusterRetriever:
         self.weights = np.zeros(0, dtype=np.float32)
         self.centroids = np.zeros((0, dim), dtype=np.float32)
         self.vector_store: np.ndarray = np.zeros((0, dim), dtype=np.float32)  # rerank="exact" (may be a memmap)
+        self.vector_file: Path | None = None  # the .npy the store is memory-mapped from (load, add_shards)
         if self.config.rerank not in ("exact", "pq"):
             raise ValueError(f"rerank must be 'exact' or 'pq', got {self.config.rerank!r}")
         if self.config.selection not in SELECTIONS:
@@ -272,6 +274,15 @@ class ClusterRetriever:
 
     def build(self, vectors: np.ndarray) -> "ClusterRetriever":
         """``vectors`` may be a read-only memmap: with ``rerank="exact"`` it becomes the vector store as is."""
+        self.train(vectors)
+        t0 = time.perf_counter()
+        self.add(vectors)
+        self.build_seconds["add"] = time.perf_counter() - t0
+        return self
+
+    def train(self, vectors: np.ndarray) -> None:
+        """The clusters and codebooks, from a sample of ``vectors`` (rows drawn by the config's seed, so a
+        memmap over the same rows trains the same index: :mod:`kunlunlab.retrieval.sharded`)."""
         n = len(vectors)
         c = self.config
         sub_quantizers = 2 * c.pq_m if c.fast_scan else c.pq_m
@@ -314,12 +325,12 @@ class ClusterRetriever:
             refine_sample = sample[: c.refine_sample]
             _, sample_assign = quantizer.search(refine_sample, 1)
             self.refine_pq.train(refine_sample - centroids[sample_assign.ravel()])
-        self.build_seconds["refine_train"] = time.perf_counter() - t0 - sum(self.build_seconds.values())
-        self.add(vectors)
-        self.build_seconds["add"] = time.perf_counter() - t0 - sum(self.build_seconds.values())
-        return self
+        self.build_seconds["refine_train"] = (time.perf_counter() - t0 - self.build_seconds["kmeans"]
+                                              - self.build_seconds["ivfpq_train"])
 
-    def add(self, vectors: np.ndarray) -> None:
+    def add(self, vectors: np.ndarray, store_vectors: bool = True) -> None:
+        """Adds the codes of ``vectors`` (and, with ``rerank="exact"``, the vectors to the store unless
+        ``store_vectors`` is False: :meth:`add_shards` attaches a store of every row at the end)."""
         first_new = self.ntotal
         store = vectors
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -329,16 +340,31 @@ class ClusterRetriever:
         for cluster in range(self.nlist):
             doc_cluster[self.cluster_members(cluster)] = cluster
         self.doc_cluster = doc_cluster
-        if self.config.rerank == "exact":
+        if self.config.rerank == "exact" and store_vectors:
             # np.asarray drops the memmap subclass (no copy): gathers then skip memmap's per-call overhead.
             self.vector_store = np.asarray(store) if first_new == 0 else np.concatenate([self.vector_store, vectors])
-        else:
+            self.vector_file = None
+        elif self.config.rerank == "pq":
             residuals = vectors - self.centroids[self.doc_cluster[first_new:]]
             self.refine_codes = np.concatenate([self.refine_codes, self.refine_pq.compute_codes(residuals)])
         self.cluster_sizes = np.bincount(self.doc_cluster, minlength=self.nlist).astype(np.int64)
         if self.weights.shape[0] != self.nlist:
             self.weights = np.ones(self.nlist, dtype=np.float32)
         self.refresh_tables()
+
+    def add_shards(self, shards, vector_file: Path | None = None) -> None:
+        """Adds the codes shard by shard (an iterable of arrays: a corpus whose vectors never sit in RAM
+        at once). With ``rerank="exact"`` the store is ``vector_file``, an ``.npy`` of every row's vector in
+        order (memory-mapped; :meth:`save` into its own folder keeps it instead of rewriting it)."""
+        for shard in shards:
+            self.add(shard, store_vectors=False)
+        if self.config.rerank == "exact":
+            if vector_file is None:
+                raise ValueError('rerank="exact" needs the vector file of every row (vector_file)')
+            store = np.load(vector_file, mmap_mode="r")
+            if store.shape != (self.ntotal, self.dim):
+                raise ValueError(f"{vector_file} holds {store.shape} vectors for an index of {self.ntotal} × {self.dim}")
+            self.vector_store, self.vector_file = np.asarray(store), Path(vector_file)
 
     def cluster_members(self, cluster: int) -> np.ndarray:
         """cluster→docs table, read from the inverted lists."""
@@ -686,7 +712,15 @@ class ClusterRetriever:
         if self.config.rerank == "pq":
             state.update(refine_codes=self.refine_codes, refine_centroids=faiss.vector_to_array(self.refine_pq.centroids))
         else:
-            np.save(folder / "vectors.npy", np.asarray(self.vector_store, dtype=np.float32))
+            target = folder / "vectors.npy"
+            source = self.vector_file  # the store is memory-mapped from this file
+            if source is not None and target.exists() and source.resolve() == target.resolve():
+                pass  # saved into the folder it was loaded from: the file is already there (rewriting it
+                # while it is mapped would truncate what is being read)
+            elif source is not None:
+                shutil.copyfile(source, target)  # file to file: a large store never passes through RAM
+            else:
+                np.save(target, np.asarray(self.vector_store, dtype=np.float32))
         np.savez(folder / "cluster_state.npz", **state)
 
     @classmethod
@@ -702,6 +736,7 @@ class ClusterRetriever:
             obj.refine_codes = state["refine_codes"]
         else:
             obj.vector_store = np.asarray(np.load(folder / "vectors.npy", mmap_mode="r"))
+            obj.vector_file = folder / "vectors.npy"
         obj.doc_cluster = state["doc_cluster"]
         obj.weights = state["weights"]
         obj.step = int(state["step"][0])

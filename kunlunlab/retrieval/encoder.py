@@ -77,6 +77,13 @@ class Encoder:
         self.cache_hits = 0
         self.cache_misses = 0
 
+    def set_query_precision(self, precision: str) -> None:
+        """Switches the query side (float32 | bfloat16 | int8 | auto); the query cache is emptied (its
+        vectors came from the other precision). Passage vectors are unaffected."""
+        self.query_precision = resolve_query_precision(precision, str(next(self.model.parameters()).device))
+        self.query_model = query_model(self.model, self.query_precision)
+        self._cache.clear()
+
     @property
     def dim(self) -> int:
         getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
@@ -131,15 +138,28 @@ class Encoder:
         return out
 
 
+class CorpusFingerprint:
+    """The corpus hash built one passage at a time (a streamed corpus: :mod:`kunlunlab.retrieval.sharded`)."""
+
+    def __init__(self):
+        self._digest = hashlib.sha256()
+
+    def update(self, passage: Passage) -> None:
+        self._digest.update(passage.id.encode())
+        self._digest.update(b"\0")
+        self._digest.update(passage.contents.encode())
+        self._digest.update(b"\1")
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()[:16]
+
+
 def corpus_fingerprint(passages: Sequence[Passage]) -> str:
     """Content hash of a corpus (ids and contents, in order): what an index was built from."""
-    digest = hashlib.sha256()
+    fingerprint = CorpusFingerprint()
     for p in passages:
-        digest.update(p.id.encode())
-        digest.update(b"\0")
-        digest.update(p.contents.encode())
-        digest.update(b"\1")
-    return digest.hexdigest()[:16]
+        fingerprint.update(p)
+    return fingerprint.hexdigest()
 
 
 def corpus_embeddings(encoder: Encoder, passages: Sequence[Passage], progress: bool = True,

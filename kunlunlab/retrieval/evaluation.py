@@ -478,6 +478,48 @@ def best_at(rows: Sequence[dict], recall: float = 0.95, k: int = 10) -> dict[str
     return out
 
 
+def dynamic_vs_nearest(rows: Sequence[dict], k: int = 10) -> dict:
+    """The §3.1.1 ablation read off a :func:`pareto_sweep`: at each candidate budget swept for both, the
+    clustering retriever with dynamic sampling (``cluster``, ``budget=B``) against the same index scanning
+    its nearest clusters until their members fill ``B`` (``cluster_nearest``, ``budget=B,fill``).
+    ``pairs``: one dict per budget (recall and ms of each, ``recall_gain`` = dynamic − nearest);
+    ``mean_recall_gain``, ``wins``/``ties``/``losses`` (recall differences within 0.002 are ties);
+    ``nprobe_match``, at the budget the sweep ran plain nprobe at, the fastest nprobe setting whose recall
+    reaches dynamic sampling's there (within 0.002; None if none does); and ``verdict``, the sentences
+    stating both comparisons with their numbers."""
+    key = f"recall_at_{k}"
+    dynamic = {r["budget"]: r for r in rows if r["family"] == "cluster"}
+    nearest = {r["budget"]: r for r in rows if r["family"] == "cluster_nearest" and r["setting"].endswith(",fill")}
+    pairs = [{"budget": b, "dynamic_recall": dynamic[b][key], "nearest_recall": nearest[b][key],
+              "recall_gain": round(dynamic[b][key] - nearest[b][key], 4),
+              "dynamic_ms": dynamic[b]["ms"], "nearest_ms": nearest[b]["ms"]}
+             for b in sorted(set(dynamic) & set(nearest))]
+    if not pairs:
+        raise ValueError("no budget was swept for both cluster and cluster_nearest")
+    gains = [p["recall_gain"] for p in pairs]
+    wins, losses = sum(g > 0.002 for g in gains), sum(g < -0.002 for g in gains)
+    mean = round(float(np.mean(gains)), 4)
+    helps = mean > 0.002 and wins > losses
+    verdict = (f"Dynamic sampling {'beats' if helps else 'does not beat'} nearest clusters filled to the same "
+               f"candidate budget: recall@{k} {mean:+.4f} on average over {len(pairs)} budgets ({wins} higher, "
+               f"{len(pairs) - wins - losses} within 0.002, {losses} lower); ms per query "
+               f"{np.mean([p['dynamic_ms'] for p in pairs]):.3f} vs {np.mean([p['nearest_ms'] for p in pairs]):.3f}.")
+    # plain nprobe at the resolved budget: the fastest nprobe whose recall reaches dynamic sampling's there
+    probed = [r for r in rows if r["family"] == "cluster_nearest" and ",nprobe=" in r["setting"]]
+    nprobe_match = None
+    if probed and probed[0]["budget"] in dynamic:
+        b, reference = probed[0]["budget"], dynamic[probed[0]["budget"]]
+        reached = [r for r in probed if r["budget"] == b and r[key] >= reference[key] - 0.002]
+        nprobe_match = dict(min(reached, key=lambda r: r["ms"])) if reached else None
+        verdict += (f" At B = {b}, dynamic sampling reaches recall@{k} {reference[key]:.4f} in {reference['ms']:.3f} "
+                    "ms; plain nearest-nprobe " + (
+                        f"reaches {nprobe_match[key]:.4f} with {nprobe_match['setting'].split(',')[-1]} in "
+                        f"{nprobe_match['ms']:.3f} ms." if nprobe_match else
+                        f"does not reach it at any nprobe swept (best {max(r[key] for r in probed):.4f})."))
+    return {"pairs": pairs, "mean_recall_gain": mean, "wins": wins, "ties": len(pairs) - wins - losses,
+            "losses": losses, "nprobe_match": nprobe_match, "verdict": verdict}
+
+
 def cluster_allocation(cluster: ClusterRetriever, query: np.ndarray, k: int = 10) -> list[dict]:
     """One query's dynamic cluster sampling and quotas, computed the way :meth:`ClusterRetriever.search`
     does (steps 1–3 of its search), without serving the query: the annealing clock and the EMA weights do

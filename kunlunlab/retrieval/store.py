@@ -43,20 +43,34 @@ def save_retriever(retriever: Retriever, folder: str | Path) -> Path:
     retriever.index.save(folder)
     with open(folder / CORPUS, "w", encoding="utf-8") as fh:
         for p in retriever.passages:
-            fh.write(json.dumps({"id": p.id, "contents": p.contents}, ensure_ascii=False) + "\n")
+            fh.write(corpus_line(p))
+    write_manifest(folder, retriever.kind, retriever.encoder, retriever.fingerprint, len(retriever.passages),
+                   retriever.index.params())
+    return folder
+
+
+def corpus_line(passage: Passage) -> str:
+    """One line of the saved ``corpus.jsonl`` (FlashRAG's ``{id, contents}``)."""
+    return json.dumps({"id": passage.id, "contents": passage.contents}, ensure_ascii=False) + "\n"
+
+
+def write_manifest(folder: Path, kind: str, encoder: Encoder | None, fingerprint: str, n: int, params: dict,
+                   **extra) -> dict:
+    """The manifest :func:`load_retriever` checks an index folder against (``extra``: how it was built)."""
     manifest = {
-        "kind": retriever.kind,
-        "embedder": retriever.encoder.name if retriever.encoder else None,
-        "dim": retriever.encoder.dim if retriever.encoder else None,
-        "query_prefix": retriever.encoder.query_prefix if retriever.encoder else None,
-        "passage_prefix": retriever.encoder.passage_prefix if retriever.encoder else None,
-        "corpus_fingerprint": retriever.fingerprint,
-        "n": len(retriever.passages),
-        "params": retriever.index.params(),
+        "kind": kind,
+        "embedder": encoder.name if encoder else None,
+        "dim": encoder.dim if encoder else None,
+        "query_prefix": encoder.query_prefix if encoder else None,
+        "passage_prefix": encoder.passage_prefix if encoder else None,
+        "corpus_fingerprint": fingerprint,
+        "n": n,
+        "params": params,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **extra,
     }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    return folder
+    return manifest
 
 
 def read_manifest(folder: str | Path) -> dict:

@@ -39,3 +39,24 @@ def memory_figure(bytes_per_vector: dict[str, float]) -> go.Figure:
                            text=[f"{bytes_per_vector[n]:.0f}" for n in names], textposition="outside"))
     fig.update_layout(title="Memory per vector", yaxis_title="bytes per vector", template="plotly_white")
     return fig
+
+
+def pareto_figure(rows: Sequence[dict], k: int = 10, target: float = 0.95) -> go.Figure:
+    """Recall@k against ms/query for every family and setting of a Pareto sweep (one query at a time);
+    marker size grows with RAM bytes per vector; the dotted line is the ``target`` recall."""
+    import math
+
+    key = f"recall_at_{k}"
+    fig = go.Figure()
+    for family in dict.fromkeys(r["family"] for r in rows):
+        mine = sorted((r for r in rows if r["family"] == family), key=lambda r: r["ms"])
+        fig.add_trace(go.Scatter(
+            x=[r["ms"] for r in mine], y=[r[key] for r in mine], mode="markers", name=family,
+            marker={"size": [6 + 2 * math.log2(max(r["bytes_per_vector"], 1)) for r in mine], "opacity": 0.75},
+            text=[f"{r['setting']}<br>{r['bytes_per_vector']:.0f} B/vector in RAM" for r in mine],
+            hovertemplate="%{text}<br>%{x:.3f} ms, recall %{y:.3f}"))
+    fig.add_hline(y=target, line_dash="dot", annotation_text=f"recall@{k} = {target}")
+    fig.update_layout(title=f"Pareto sweep: recall@{k} vs latency (marker size: RAM per vector)",
+                      xaxis_title="ms per query (log)", yaxis_title=f"recall@{k} vs exact", xaxis_type="log",
+                      template="plotly_white")
+    return fig
