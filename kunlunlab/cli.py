@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=1024,
                    help="queries allowed to wait; beyond it requests get 503 with Retry-After")
     s.add_argument("--no-micro-batching", action="store_true", help="search one request at a time")
-    s.add_argument("--query-precision", default="float32", choices=("float32", "bfloat16", "int8", "auto"),
+    s.add_argument("--query-precision", default="float32", choices=("float32", "onnx", "bfloat16", "int8", "auto"),
                    help="query encoder: float32 (what the agent figures were measured with), or auto: bfloat16 where "
                         "the CPU/GPU multiplies it natively (1.6x the requests/s under load, recall@10 -0.005; "
                         "README, bench service)")

@@ -16,7 +16,7 @@ def float32_vectors(encoder):
     return encoder.embed_queries(QUERIES)
 
 
-@pytest.mark.parametrize("precision, min_cosine", [("bfloat16", 0.99), ("int8", 0.95)])
+@pytest.mark.parametrize("precision, min_cosine", [("onnx", 0.99999), ("bfloat16", 0.99), ("int8", 0.95)])
 def test_low_precision_query_vectors_point_where_float32_ones_do(precision, min_cosine, float32_vectors):
     enc = Encoder(query_precision=precision)
     vectors = enc.embed_queries(QUERIES)
@@ -32,7 +32,21 @@ def test_query_precision_names_are_checked():
     with pytest.raises(ValueError, match="unknown query precision 'fp8'"):
         resolve_query_precision("fp8")
     assert resolve_query_precision("auto") in ("float32", "bfloat16")
+    assert resolve_query_precision("onnx") == "onnx"
     assert resolve_query_precision("int8") == "int8"
+
+
+def test_onnx_queries_equal_float32_ones_and_the_export_is_cached(float32_vectors):
+    from kunlunlab.retrieval.encoder import OnnxQueryModel
+
+    enc = Encoder(query_precision="onnx")
+    assert isinstance(enc.query_model, OnnxQueryModel)
+    np.testing.assert_allclose(enc.embed_queries(QUERIES), float32_vectors, atol=1e-5)
+    exported = sorted(p.stat().st_mtime_ns for p in (enc.query_model.path.parent).glob("*.onnx"))
+    again = Encoder(query_precision="onnx")  # a second encoder reads the cached export
+    assert sorted(p.stat().st_mtime_ns for p in (again.query_model.path.parent).glob("*.onnx")) == exported
+    # padding inside a batch changes nothing: each query alone gives its batched vector
+    np.testing.assert_allclose(np.concatenate([again.embed_queries([q]) for q in QUERIES]), float32_vectors, atol=1e-5)
 
 
 def test_encode_benchmark_prints_its_figures_as_the_last_json_line(capsys):

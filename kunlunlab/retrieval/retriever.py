@@ -38,7 +38,7 @@ class IndexConfig:
     hnsw: HNSWConfig = field(default_factory=HNSWConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     threads: int = 0  # 0: FAISS default
-    query_precision: str = "float32"  # the query side of the embedder: float32 | bfloat16 | int8 | auto (bench encode)
+    query_precision: str = "float32"  # query side of the embedder: float32 | onnx | bfloat16 | int8 | auto (bench encode)
 
     def __post_init__(self):
         if self.kind not in INDEX_KINDS:
