@@ -50,16 +50,19 @@ class RetrievalBenchConfig:
     hnsw_m: int = 32
     hnsw_ef_construction: int = 80
     embedder: str | None = None
+    # world mode: the embedder's precision for the corpus (bfloat16: 3.1x faster, for 300k+ passages on a CPU)
+    passage_precision: str = "float32"
     seed: int = 0
 
 
-def world_vectors(n: int, n_queries: int, embedder: str | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def world_vectors(n: int, n_queries: int, embedder: str | None, seed: int,
+                  passage_precision: str = "float32") -> tuple[np.ndarray, np.ndarray]:
     from kunlunlab.data.questions import make_questions
     from kunlunlab.data.world import World
     from kunlunlab.retrieval.encoder import Encoder, corpus_embeddings
 
     world = World.generate(n_passages=n, seed=seed)
-    encoder = Encoder(embedder)
+    encoder = Encoder(embedder, passage_precision=passage_precision)
     vectors = corpus_embeddings(encoder, world.passages, progress=True)
     questions = make_questions(world, max(50, n_queries // 2), seed=seed + 1)
     texts = list(dict.fromkeys([hop.question for q in questions for hop in q.chain] + [q.question for q in questions]))
@@ -109,7 +112,7 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
 
     total_queries = cfg.queries + cfg.warmup_queries
     if cfg.mode == "world":
-        vectors, queries = world_vectors(cfg.n, total_queries, cfg.embedder, cfg.seed)
+        vectors, queries = world_vectors(cfg.n, total_queries, cfg.embedder, cfg.seed, cfg.passage_precision)
     elif cfg.mode == "gaussian":
         vectors, queries = gaussian_vectors(cfg.n, total_queries, seed=cfg.seed)
     else:
@@ -129,7 +132,7 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     flat, ivfpq = result.row("flat"), result.row("ivfpq")
     clustered, clustered_pq = result.row("cluster"), result.row("cluster_pq")
     out = {
-        "n_vectors": int(n), "dim": int(dim), "mode": cfg.mode, "threads": cfg.threads, "queries": len(queries), "repeats": cfg.repeats,
+        "n_vectors": int(n), "dim": int(dim), "mode": cfg.mode, "passage_precision": cfg.passage_precision, "threads": cfg.threads, "queries": len(queries), "repeats": cfg.repeats,
         "flat_ms": round(flat.ms_per_query, 4), "ivfpq_ms": round(ivfpq.ms_per_query, 4),
         "cluster_ms": round(clustered.ms_per_query, 4),
         "ivfpq_recall_at_10": round(ivfpq.recall_at_k, 4),
@@ -444,6 +447,7 @@ class BuildBenchConfig:
     index_n: int = 1_000_000     # Gaussian vectors the index steps alone are measured on (0: skip)
     kind: str = "cluster"
     engine: str = "stream"       # stream | ray: the embedding engine of the streamed build
+    passage_precision: str = "float32"  # the streamed build's corpus embedding (bfloat16: 3.1x faster here)
     shard_rows: int = 50_000
     part: str = "all"            # all (each part in its own process) | stream | shards | index_sharded | index_inprocess
     work_dir: str = ""           # default: a temporary folder, removed after
@@ -471,7 +475,8 @@ def bench_build(cfg: BuildBenchConfig) -> dict:
     (concatenate, train, add shard by shard, save) over ``index_n`` Gaussian vectors written as shards;
     ``index_inprocess``, the in-process build over the same vectors held in RAM, for contrast. Gaussian
     vectors stand in for embeddings at ``index_n`` because embedding 1M passages with MiniLM takes about
-    5 hours on 2 CPU cores; the index steps' memory does not depend on what the vectors encode."""
+    2 hours on 2 CPU cores in float32 (145 passages/s; about an hour with ``passage_precision="bfloat16"``);
+    the index steps' memory does not depend on what the vectors encode."""
     import shutil
     import subprocess
     import tempfile
@@ -482,7 +487,9 @@ def bench_build(cfg: BuildBenchConfig) -> dict:
 
     if cfg.part == "all":
         work = Path(cfg.work_dir or tempfile.mkdtemp(prefix="kl-build-"))
-        out = {"n": cfg.n, "index_n": cfg.index_n, "kind": cfg.kind, "engine": cfg.engine}
+        work.mkdir(parents=True, exist_ok=True)  # a --work-dir that does not exist yet
+        out = {"n": cfg.n, "index_n": cfg.index_n, "kind": cfg.kind, "engine": cfg.engine,
+               "passage_precision": cfg.passage_precision}
         parts = (["stream"] if cfg.n else []) + (["shards", "index_sharded", "index_inprocess"] if cfg.index_n else [])
         try:
             for part in parts:
@@ -501,7 +508,7 @@ def bench_build(cfg: BuildBenchConfig) -> dict:
         return out
 
     work = Path(cfg.work_dir)
-    config = IndexConfig(kind=cfg.kind)
+    config = IndexConfig(kind=cfg.kind, passage_precision=cfg.passage_precision)
     if cfg.part == "stream":
         from kunlunlab.data.world import World
         from kunlunlab.retrieval.store import corpus_line

@@ -39,6 +39,7 @@ class IndexConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     threads: int = 0  # 0: FAISS default
     query_precision: str = "float32"  # query side of the embedder: float32 | onnx | bfloat16 | int8 | auto (bench encode)
+    passage_precision: str = "float32"  # corpus side: float32 | bfloat16 | auto (3.1x faster on AVX512-BF16 CPUs)
 
     def __post_init__(self):
         if self.kind not in INDEX_KINDS:
@@ -116,7 +117,8 @@ def build_retriever(passages: Sequence[Passage], config: IndexConfig | None = No
         index = BM25Index()
         index.add_texts([p.contents for p in passages])
         return Retriever(passages, index, None, config)
-    encoder = encoder or Encoder(config.embedder, query_precision=config.query_precision)
+    encoder = encoder or Encoder(config.embedder, query_precision=config.query_precision,
+                                 passage_precision=config.passage_precision)
     if vectors is None:
         vectors = corpus_embeddings(encoder, passages, progress=progress)
     if len(vectors) != len(passages):

@@ -106,12 +106,14 @@ def _stream_vectors(cfg: ShardedBuildConfig, corpus: Path, encoder: Encoder) -> 
 class PassageEmbedder:
     """A Ray Data actor: one embedder, loaded once, encoding batches of ``corpus.jsonl`` rows."""
 
-    def __init__(self, embedder: str | None, passage_prefix: str, device: str | None, threads: int):
+    def __init__(self, embedder: str | None, passage_prefix: str, device: str | None, threads: int,
+                 passage_precision: str = "float32"):
         import torch
 
         if device != "cuda":
             torch.set_num_threads(max(1, threads))  # the actor's CPU share, not every core of the node
-        self.encoder = Encoder(embedder, passage_prefix=passage_prefix, device=device)
+        self.encoder = Encoder(embedder, passage_prefix=passage_prefix, device=device,
+                               passage_precision=passage_precision)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # the contents as the in-process build encodes them (Passage.contents of the parsed line)
@@ -141,7 +143,8 @@ def _ray_vectors(cfg: ShardedBuildConfig, corpus: Path, encoder: Encoder, log) -
             PassageEmbedder, batch_size=cfg.block_rows, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=1 if gpus else 0, num_cpus=0 if gpus else threads,
             fn_constructor_kwargs={"embedder": encoder.name, "passage_prefix": encoder.passage_prefix,
-                                   "device": "cuda" if gpus else "cpu", "threads": threads})
+                                   "device": "cuda" if gpus else "cpu", "threads": threads,
+                                   "passage_precision": encoder.passage_precision})
         for batch in dataset.iter_batches(batch_size=cfg.block_rows, batch_format="numpy"):
             yield [str(i) for i in batch["id"]], np.asarray(batch["vector"], dtype=np.float32)
     finally:
@@ -289,7 +292,8 @@ def build_sharded(source: Path | Iterable[Passage], index_config: IndexConfig, o
     seconds["corpus"] = time.perf_counter() - t0
     log(f"corpus: {n} passages -> {out / CORPUS}")
 
-    encoder = encoder or Encoder(index_config.embedder, query_precision=index_config.query_precision)
+    encoder = encoder or Encoder(index_config.embedder, query_precision=index_config.query_precision,
+                                 passage_precision=index_config.passage_precision)
     t0 = time.perf_counter()
     shards = embed_shards(cfg, out / CORPUS, encoder, out, n, log)
     seconds["embed"] = time.perf_counter() - t0

@@ -63,6 +63,7 @@ def write_manifest(folder: Path, kind: str, encoder: Encoder | None, fingerprint
         "dim": encoder.dim if encoder else None,
         "query_prefix": encoder.query_prefix if encoder else None,
         "passage_prefix": encoder.passage_prefix if encoder else None,
+        "passage_precision": encoder.passage_precision if encoder else None,
         "corpus_fingerprint": fingerprint,
         "n": n,
         "params": params,
