@@ -37,8 +37,12 @@ lab: setup
 app: setup
 	$(BIN)/voila apps/ --no-browser
 
+# retrieval: the Pareto sweep (one line per setting) and the 1M/100k goals' figures; encode: query encoding;
+# service: 32 clients for 60 s, micro-batching on/off; each prints its JSON as the last line.
 bench: setup
 	$(BIN)/python -m kunlunlab.bench retrieval
+	$(BIN)/python -m kunlunlab.bench encode
+	$(BIN)/python -m kunlunlab.bench service
 	$(BIN)/python -m kunlunlab.bench rollout
 
 clean:
