@@ -53,6 +53,7 @@ class RetrievalBenchConfig:
     # world mode: the embedder's precision for the corpus (bfloat16: 3.1x faster, for 300k+ passages on a CPU)
     passage_precision: str = "float32"
     seed: int = 0
+    figure: str = ""  # with pareto: write the Pareto figure here (.html; .png/.svg need kaleido and a Chromium)
 
 
 def world_vectors(n: int, n_queries: int, embedder: str | None, seed: int,
@@ -157,6 +158,12 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
                             hnsw=HNSWConfig(m=cfg.hnsw_m, ef_construction=cfg.hnsw_ef_construction),
                             log=lambda line: print(f"[pareto] {line}", file=sys.stderr, flush=True))
         out["pareto"] = rows
+        if cfg.figure:
+            from kunlunlab.viz.figures import export_figure, pareto_figure
+
+            title = f"{cfg.mode} vectors, N = {cfg.n:,}"
+            export_figure(pareto_figure(rows, k=cfg.k, subtitle=title), cfg.figure)
+            print(f"[pareto] figure written to {cfg.figure}", file=sys.stderr, flush=True)
         out["best_at_095"] = best_at(rows, 0.95, cfg.k)
         out["pareto_s"] = round(time.perf_counter() - start, 1)
     if cfg.mode == "world":  # appended: the keys before it keep their order for existing readers

@@ -89,6 +89,9 @@ def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:
         elif d == "hotpotqa_distractor":
             out[d] = (held.hotpot_heldout, held.hotpot_passages)
         else:
+            if d == "2wikimultihopqa" and train_cfg.twowiki and cfg.limit > train_cfg.twowiki_heldout:
+                raise ValueError(f"2Wiki: the checkpoint trained on 2Wiki dev questions from number "
+                                 f"{train_cfg.twowiki_heldout} on; evaluate at most that many (limit={cfg.limit})")
             out[d] = (load_benchmark(d, limit=cfg.limit), None)
     return out
 

@@ -255,3 +255,29 @@ def test_mix_adds_plan_samples_and_feedback_rounds(world, questions, bm25):
     assert sum(r["kind"] == "plan" for r in rows) == 4
     assert 0 < sum(r["stie_rounds"] > 0 for r in rows) < 16
     assert all(t.background for t in out if t.kind == "trajectory")
+
+
+def test_real_sources_take_their_share_of_each_epoch_as_high_quality_samples(world, questions, bm25):
+    from kunlunlab.data import Passage, QAExample
+    from kunlunlab.training.mixing import RealSource
+
+    corpus = [Passage("a", "Mila Dross", "Mila Dross (born 1950) was a singer."),
+              Passage("b", "Pell Varn", "Pell Varn (born 1941) was a painter.")]
+    real = QAExample("r1", "Who was born first, Mila Dross or Pell Varn?", ["Pell Varn"], "2wikimultihopqa",
+                     type="comparison", supporting_titles=["Mila Dross", "Pell Varn"], supporting_ids=["a", "b"])
+
+    def search(queries, k):
+        from kunlunlab.retrieval.retriever import Hit
+        return [[Hit(p.id, p.contents, 1.0, p.title) for p in corpus if p.title in q][:k] for q in queries]
+
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=10, seed=3)
+    source = RealSource("2wikimultihopqa", TrajectoryBuilder(search, corpus, cfg), [real], share=0.2)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg, [source])
+    for e in (0, 1):
+        epoch = [t for t in trajs if t.epoch == e]
+        assert len(epoch) == 10
+        wiki = [t for t in epoch if t.source == "2wikimultihopqa"]
+        assert len(wiki) == 1 and wiki[0].quality == "hq"  # share 0.2 of 10, capped by the one question
+    t = wiki[0]
+    assert "Mila Dross (born 1950)" in t.text and "Pell Varn (born 1941)" in t.text
+    assert t.text.endswith("<short_answer>\\boxed{Pell Varn}</short_answer>")

@@ -184,3 +184,28 @@ def test_dynamic_vs_nearest_pairs_equal_budgets_and_states_the_verdict():
     assert "does not reach it at any nprobe swept (best 0.9000)" in result["verdict"]
     with pytest.raises(ValueError, match="no budget"):
         dynamic_vs_nearest([r for r in rows if r["family"] == "cluster"])
+
+
+def test_pareto_figure_exports_one_trace_per_family_and_a_clear_error_without_kaleido(pareto, tmp_path,
+                                                                                       monkeypatch):
+    import builtins
+
+    from kunlunlab.viz.figures import export_figure, pareto_figure
+
+    fig = pareto_figure(pareto, k=K, subtitle="gaussian vectors, N = 2,000")
+    assert [t.name for t in fig.data] == list(PARETO_FAMILIES)
+    assert "N = 2,000" in fig.layout.title.text
+    html = export_figure(fig, tmp_path / "figs" / "pareto.html")
+    assert html.exists() and "plotly" in html.read_text()[:5000].lower()
+
+    real_import = builtins.__import__
+
+    def no_kaleido(name, *args, **kwargs):
+        if name == "kaleido":
+            raise ImportError("no kaleido here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_kaleido)
+    with pytest.raises(RuntimeError, match="needs kaleido"):
+        export_figure(fig, tmp_path / "pareto.png")
+    assert not (tmp_path / "pareto.png").exists()

@@ -115,6 +115,9 @@ class TrainConfig:
     max_result_chars: int = 300
     hotpot: bool = True              # add HotpotQA distractor trajectories (when the data folder is present)
     hotpot_train_fraction: float = 0.5  # the first half trains, the rest is held out for evaluation
+    twowiki: bool = False            # add 2Wiki dev questions with silver evidence chains in the 2Wiki corpus
+                                     # (kunlunlab.data.evidence; mixing.twowiki_share of each epoch)
+    twowiki_heldout: int = 100       # the first N 2Wiki dev questions (what evaluations read) are never trained on
     threads: int | None = None
     seed: int = 0
     bf16: bool = False

@@ -59,6 +59,7 @@ class MixingConfig:
     noise_end: float = 0.7           # ρ_max, eq. 16
     samples_per_epoch: int = 64
     hotpot_share: float = 0.25       # of each epoch's samples, taken from HotpotQA (when given)
+    twowiki_share: float = 0.0       # ... from 2Wiki questions with silver evidence chains (when given)
     first_turn_samples: int = 0      # extra per epoch: prompt + the first turn only (cheap decomposition practice)
     noise_kinds: tuple[str, ...] = NOISE_KINDS
     top_k: int = 2                   # passages per query in result blocks (match the rollout config)
@@ -75,7 +76,7 @@ class MixingConfig:
             raise ValueError(f"invalid mixing sizes: {self}")
         if self.plan_samples < 0:
             raise ValueError(f"plan_samples must be >= 0, got {self.plan_samples}")
-        for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share", "stie_feedback_share",
+        for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share", "twowiki_share", "stie_feedback_share",
                      "stie_wrong_first"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
@@ -379,11 +380,12 @@ class TrajectoryBuilder:
                 return p.title.split(" (")[0]
         return answer + " Jr."
 
-    def hotpot(self, ex: QAExample) -> TrajectoryExample:
-        """A HotpotQA question walked along its supporting titles (comparisons search both at once)."""
+    def hotpot(self, ex: QAExample, source: str = "hotpotqa") -> TrajectoryExample:
+        """A real question walked along its supporting titles (comparisons search both at once): HotpotQA's
+        supporting facts, or a silver chain of :mod:`kunlunlab.data.evidence` (2Wiki)."""
         titles = [t for t in ex.supporting_titles if t in self.by_title][:2]
         if not titles:
-            raise ValueError(f"HotpotQA example {ex.id}: no supporting title is in the corpus")
+            raise ValueError(f"{source} example {ex.id}: no supporting title is in the corpus")
         golds = [self.by_title[t].id for t in titles]
         segs: list[dict] = []
         stages = [titles] if ex.type == "comparison" else [[t] for t in titles]
@@ -398,20 +400,35 @@ class TrajectoryBuilder:
         segs.append({"role": "model", "train": True, "text": _answer_turn(
             f"<think>From {' and '.join(titles)}:{said} the answer is {ex.answers[0]}.", ex.answers[0])})
         background = self.rdra_background(ex.question, self.teacher_plan(ex)) if self.cfg.rdra_background else None
-        return TrajectoryExample(ex.question, list(ex.answers), segs, background, "hotpotqa", "hq", [], len(titles),
+        return TrajectoryExample(ex.question, list(ex.answers), segs, background, source, "hq", [], len(titles),
                                  ex.type)
 
 
+@dataclass
+class RealSource:
+    """Real questions with evidence in their own corpus (HotpotQA supporting facts, 2Wiki silver chains): each
+    epoch takes ``share`` of its samples from them, as high-quality trajectories written by ``builder``."""
+
+    name: str
+    builder: TrajectoryBuilder
+    questions: Sequence[QAExample]
+    share: float
+
+
 def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: MixingConfig,
-        hotpot_builder: TrajectoryBuilder | None = None, hotpot_questions: Sequence[QAExample] = ()) -> list[TrajectoryExample]:
+        real_sources: Sequence[RealSource] = ()) -> list[TrajectoryExample]:
     """All epochs of the schedule, in order (epoch 0 first): each epoch draws ``samples_per_epoch``
-    questions, ``n_hq`` of them high quality and the rest noisy at that epoch's noise ratio."""
+    questions, ``n_hq`` of them high quality and the rest noisy at that epoch's noise ratio; the real sources'
+    samples count among the high-quality ones."""
     rng = random.Random(cfg.seed)
     out: list[TrajectoryExample] = []
+    sources = [s for s in real_sources if s.questions and s.share > 0]
     for row in schedule(cfg):
-        n_hot = round(cfg.hotpot_share * cfg.samples_per_epoch) if hotpot_builder and hotpot_questions else 0
-        n_hot = min(n_hot, row["n_hq"])
-        n_world = cfg.samples_per_epoch - n_hot
+        n_real, room = [], row["n_hq"]
+        for source in sources:
+            n_real.append(min(round(source.share * cfg.samples_per_epoch), room, len(source.questions)))
+            room -= n_real[-1]
+        n_world = cfg.samples_per_epoch - sum(n_real)
         picks = rng.sample(list(world_questions), min(n_world, len(world_questions)))
         noisy_slots = set(rng.sample(range(len(picks)), min(row["n_noisy"], len(picks))))
         epoch = []
@@ -428,10 +445,11 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
                 builder.add_stie_round(t, ex, rng.random() < cfg.stie_wrong_first, rng)
             t.epoch = row["epoch"]
             epoch.append(t)
-        for ex in rng.sample(list(hotpot_questions), min(n_hot, len(hotpot_questions))) if n_hot else []:
-            t = hotpot_builder.hotpot(ex)
-            t.epoch = row["epoch"]
-            epoch.append(t)
+        for source, n in zip(sources, n_real):
+            for ex in rng.sample(list(source.questions), n):
+                t = source.builder.hotpot(ex, source.name)
+                t.epoch = row["epoch"]
+                epoch.append(t)
         rest = [q for q in world_questions if q not in picks]
         for ex in rng.sample(rest, min(cfg.first_turn_samples, len(rest))):
             t = builder.world(ex)

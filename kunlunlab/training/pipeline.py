@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -67,6 +67,8 @@ class TrainingData:
     hotpot_train: list
     hotpot_heldout: list
     hotpot_passages: list
+    twowiki_train: list = field(default_factory=list)     # 2Wiki dev questions with a silver chain (see cfg.twowiki)
+    twowiki_passages: list = field(default_factory=list)  # the 2Wiki paragraph corpus
 
 
 def load_training_data(cfg: TrainConfig) -> TrainingData:
@@ -88,7 +90,18 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
     elif cfg.hotpot:
         log.warning("HotpotQA distractor sample not found (KUNLUNLAB_DATA or ../shared/data): training on the "
                     "synthetic world only")
-    return TrainingData(world, world.passages, train, heldout, hotpot_train, hotpot_heldout, hotpot_passages)
+    twowiki_train, twowiki_passages = [], []
+    if cfg.twowiki and shared_data_dir() is not None:
+        from kunlunlab.data.evidence import link_evidence
+        from kunlunlab.data.loaders import load_named_corpus
+
+        twowiki_passages = load_named_corpus("2wiki")
+        # the first `twowiki_heldout` dev questions are what evaluations read (load_benchmark(limit=...)): never trained on
+        twowiki_train = link_evidence(load_benchmark("2wikimultihopqa")[cfg.twowiki_heldout:], twowiki_passages)
+    elif cfg.twowiki:
+        log.warning("2Wiki data not found (KUNLUNLAB_DATA or ../shared/data): no 2Wiki trajectories")
+    return TrainingData(world, world.passages, train, heldout, hotpot_train, hotpot_heldout, hotpot_passages,
+                        twowiki_train, twowiki_passages)
 
 
 def _format_compliance(records: list[dict]) -> float | None:
@@ -164,16 +177,20 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None) -> l
     chains and the HotpotQA training half, with RDRA backgrounds, plan samples and STIE feedback rounds as
     ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this."""
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
-    from kunlunlab.training.mixing import TrajectoryBuilder, mix
+    from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, mix
 
     mixing = training_mixing(cfg)
-    retriever = retriever or build_retriever(data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
+    index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder)
+    retriever = retriever or build_retriever(data.passages, index)
     builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra)
-    hotpot_builder = None
-    if data.hotpot_train:
-        hotpot_retriever = build_retriever(data.hotpot_passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
-        hotpot_builder = TrajectoryBuilder(hotpot_retriever.search, data.hotpot_passages, mixing, cfg.agent.rdra)
-    return mix(builder, data.train, mixing, hotpot_builder, data.hotpot_train)
+    sources = []
+    for name, questions, passages, share in (("hotpotqa", data.hotpot_train, data.hotpot_passages, mixing.hotpot_share),
+                                             ("2wikimultihopqa", data.twowiki_train, data.twowiki_passages,
+                                              mixing.twowiki_share)):
+        if questions and share > 0:  # each real source is searched in its own corpus
+            search = build_retriever(passages, index).search
+            sources.append(RealSource(name, TrajectoryBuilder(search, passages, mixing, cfg.agent.rdra), questions, share))
+    return mix(builder, data.train, mixing, sources)
 
 
 class RunFolderConflict(ValueError):
@@ -235,7 +252,8 @@ class TrainingRun:
         torch.manual_seed(cfg.seed)
         self.data = load_training_data(cfg)
         self.say(f"data: {len(self.data.train)} training and {len(self.data.heldout)} held-out synthetic questions, "
-                 f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out")
+                 f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out"
+                 + (f", {len(self.data.twowiki_train)} 2Wiki questions with silver chains" if cfg.twowiki else ""))
         self.retriever = build_retriever(self.data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
         self.model, self.tok = load_llm(cfg.model)
         self.evaluations: dict[str, dict] = {}
@@ -503,6 +521,8 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
                            "first_turn": sum(1 for r in stats_rows if r["partial"]),
                            "plan": sum(1 for r in stats_rows if r["kind"] == "plan"),
                            "with_stie_feedback": sum(1 for r in stats_rows if r["stie_rounds"])},
+        "trajectories_by_source": {src: sum(1 for r in stats_rows if r["source"] == src)
+                                   for src in dict.fromkeys(r["source"] for r in stats_rows)},
     }
     if "hotpotqa_distractor" in after:
         hb, ha = before.get("hotpotqa_distractor", {}), after["hotpotqa_distractor"]

@@ -17,6 +17,25 @@ def save_figure(fig: go.Figure, run_dir: str | Path | None, name: str) -> Path |
     return path
 
 
+def export_figure(fig: go.Figure, path: str | Path) -> Path:
+    """Writes ``fig`` to ``path`` by its suffix: ``.html`` (plotly.js inline, opens offline) or a static image
+    (``.png``/``.svg``/``.pdf``, for the README), which plotly renders through kaleido and a Chrome/Chromium
+    (``BROWSER_PATH``); both are optional, so a missing one is a clear error, not a stack trace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".html":
+        fig.write_html(path, include_plotlyjs=True)
+        return path
+    try:
+        import kaleido  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(f"writing {path.name} needs kaleido (pip install kaleido) and a Chrome/Chromium "
+                           "(e.g. apt-get install chromium; BROWSER_PATH=/usr/bin/chromium); "
+                           "or write .html") from err
+    fig.write_image(path, width=900, height=560, scale=2)
+    return path
+
+
 def recall_latency_figure(points: Sequence, reference: dict[str, tuple[float, float]] | None = None,
                           k: int = 10) -> go.Figure:
     """Recall@k against ms/query, one line per index; ``reference`` adds single points (name -> (ms, recall))."""
@@ -41,7 +60,7 @@ def memory_figure(bytes_per_vector: dict[str, float]) -> go.Figure:
     return fig
 
 
-def pareto_figure(rows: Sequence[dict], k: int = 10, target: float = 0.95) -> go.Figure:
+def pareto_figure(rows: Sequence[dict], k: int = 10, target: float = 0.95, subtitle: str = "") -> go.Figure:
     """Recall@k against ms/query for every family and setting of a Pareto sweep (one query at a time);
     marker size grows with RAM bytes per vector; the dotted line is the ``target`` recall."""
     import math
@@ -56,7 +75,8 @@ def pareto_figure(rows: Sequence[dict], k: int = 10, target: float = 0.95) -> go
             text=[f"{r['setting']}<br>{r['bytes_per_vector']:.0f} B/vector in RAM" for r in mine],
             hovertemplate="%{text}<br>%{x:.3f} ms, recall %{y:.3f}"))
     fig.add_hline(y=target, line_dash="dot", annotation_text=f"recall@{k} = {target}")
-    fig.update_layout(title=f"Pareto sweep: recall@{k} vs latency (marker size: RAM per vector)",
+    fig.update_layout(title=f"Pareto sweep: recall@{k} vs latency (marker size: RAM per vector)"
+                      + (f"<br><sup>{subtitle}</sup>" if subtitle else ""),
                       xaxis_title="ms per query (log)", yaxis_title=f"recall@{k} vs exact", xaxis_type="log",
                       template="plotly_white")
     return fig
