@@ -162,6 +162,20 @@ def test_config_file_and_overrides_are_validated(tmp_path):
     assert multi.dapo.use_vllm and multi.deepspeed and multi.model
 
 
+def test_bf16_auto_follows_the_hardware_and_bad_values_are_refused(monkeypatch):
+    import kunlunlab.models as models
+    from kunlunlab.models import resolve_train_bf16
+
+    assert load_config("experiments/configs/training/train_embedded_cpu.json").bf16 == "auto"
+    assert resolve_train_bf16(True, "cpu") is True and resolve_train_bf16(False, "cpu") is False
+    monkeypatch.setattr(models, "native_bf16_cpu", lambda: False)   # an AVX2-only CPU: emulated bf16 is slow
+    assert resolve_train_bf16("auto", "cpu") is False
+    monkeypatch.setattr(models, "native_bf16_cpu", lambda: True)    # AMX / AVX512-BF16
+    assert resolve_train_bf16("auto", "cpu") is True
+    with pytest.raises(ValueError, match="bf16 must be"):
+        load_config(None, {"bf16": "yes"})
+
+
 def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questions, bm25, backend):
     """Multi-GPU recipe path: TRL's vLLM server speaks /v1/completions; our serve-llm stands in for it."""
     from types import SimpleNamespace

@@ -120,7 +120,7 @@ class TrainConfig:
     twowiki_heldout: int = 100       # the first N 2Wiki dev questions (what evaluations read) are never trained on
     threads: int | None = None
     seed: int = 0
-    bf16: bool = False
+    bf16: bool | str = False         # bf16 autocast in training; "auto": where the hardware has native bf16
     inference_dtype: str = "auto"    # rollouts and evaluations generate in it (auto: bfloat16 on AMX/AVX512-BF16 CPUs)
     gradient_checkpointing: bool = False
     deepspeed: str | None = None     # a DeepSpeed JSON config (multi-GPU); launched through accelerate
@@ -131,6 +131,10 @@ class TrainConfig:
     prl: PRLStageConfig = field(default_factory=PRLStageConfig)
     dapo: DAPOStageConfig = field(default_factory=DAPOStageConfig)
     eval: EvalSpec = field(default_factory=EvalSpec)
+
+    def __post_init__(self):
+        if not isinstance(self.bf16, bool) and self.bf16 != "auto":
+            raise ValueError(f"bf16 must be true, false or \"auto\", got {self.bf16!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

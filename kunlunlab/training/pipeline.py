@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
+from kunlunlab.models import resolve_train_bf16
 from kunlunlab.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -339,7 +340,7 @@ class TrainingRun:
         dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
         self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
         trainer = run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
-                          callbacks=self.sft_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
+                          callbacks=self.sft_callbacks, bf16=resolve_train_bf16(cfg.bf16), deepspeed=cfg.deepspeed,
                           gradient_checkpointing=cfg.gradient_checkpointing)
         self._finish_stage("sft", trainer, final, t0)
 
@@ -399,7 +400,7 @@ class TrainingRun:
             raise RuntimeError(f"{NO_PAIRS} (every sibling scored the same); "
                                "raise prl.mcts.iterations / children_per_node or start from a trained model")
         self.model.train()
-        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed, bf16=cfg.bf16,
+        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed, bf16=resolve_train_bf16(cfg.bf16),
                           deepspeed=cfg.deepspeed, gradient_checkpointing=cfg.gradient_checkpointing)
         self._finish_stage("prl", trainer, final, t0)
 
@@ -420,7 +421,7 @@ class TrainingRun:
                                 inference_dtype=cfg.inference_dtype)
         dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
         trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
-                           cfg.seed, callbacks=self.dapo_callbacks, bf16=cfg.bf16, deepspeed=cfg.deepspeed,
+                           cfg.seed, callbacks=self.dapo_callbacks, bf16=resolve_train_bf16(cfg.bf16), deepspeed=cfg.deepspeed,
                            gradient_checkpointing=cfg.gradient_checkpointing)
         self._finish_stage("dapo", trainer, final, t0)
 
