@@ -14,8 +14,8 @@ to corpus paragraphs by their titles, the way entity-linked distant supervision 
 
 A chain is kept only when the answer (any alias) is stated by its last paragraph (or is one of the compared
 entities / yes-no), so every trajectory built from it ends at evidence it has shown. Questions whose chain
-would need paragraphs the corpus lacks are dropped: on the shared sample 75 of 700 dev questions link
-(30 comparisons, 37 bridges, 8 direct). Linked examples get ``supporting_titles`` / ``supporting_ids`` and a
+would need paragraphs the corpus lacks are dropped: on the shared data 48 dev questions link (36 two-hop
+bridges, 10 comparisons, 2 direct; direct ones are typed ``bridge``), 40 of them after the held-out first 100. Linked examples get ``supporting_titles`` / ``supporting_ids`` and a
 ``type`` (``comparison`` or ``bridge``), which is what
 :meth:`kunlunlab.training.mixing.TrajectoryBuilder.hotpot` walks.
 """
