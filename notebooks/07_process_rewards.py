@@ -285,7 +285,8 @@ for dataset, title in (("world", "synthetic world"), ("hotpotqa_distractor", "Ho
 # %% [markdown]
 # ## What each variant costs
 #
-# `kunlunlab/training/comparison.py::cost_table`, from each run folder: searches and **generated tokens per
+# `kunlunlab/training/comparison.py::cost_table`, from each run folder: searches (all of them, and the
+# **agent's own**: less the queries RDRA sends before the first turn, which no reward can cut) and **generated tokens per
 # question** at inference on the held-out world questions (the agent's own tokens: the trajectory's mask, so
 # `<result>` blocks and STIE's feedback do not count, nor RDRA's plan), and the **training seconds after
 # SFT** (every stage but SFT in `state.json`; ReasonRAG's include its tree search, shown separately; a search

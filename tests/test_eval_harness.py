@@ -8,7 +8,7 @@ import pytest
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
-                                    load_agent_settings, make_judge_backend, router_summary, summarize,
+                                    load_agent_settings, make_judge_backend, agent_searches, router_summary, summarize,
                                     with_checkpoint_settings)
 from kunlunlab.eval.stats import paired_bootstrap, paired_records
 
@@ -74,6 +74,15 @@ def test_summary_splits_em_by_answer_source():
     assert s["n_tagged"] == 3 and s["em_tagged"] == 0.6667
     assert s["n_fallback"] == 2 and s["em_fallback"] == 0.5
     assert s["tagged_share"] == 0.6 and s["lj"] is None
+
+
+def test_summary_counts_the_agents_own_searches_apart_from_rdra():
+    whole = _record(1.0, "answer_tag") | {"searches": 5}
+    whole["trajectory"]["rdra"] = {"searches": 3}  # background + 2 plan queries, then 2 searches of its own
+    plain = _record(0.0, "answer_tag") | {"searches": 2}  # the plain agent: every search is its own
+    assert agent_searches(whole) == 2 and agent_searches(plain) == 2 and agent_searches({"searches": None}) is None
+    s = summarize([whole, plain])
+    assert s["searches_per_question"] == 3.5 and s["agent_searches_per_question"] == 2.0
 
 
 def test_summary_of_baselines_has_no_tagged_em():

@@ -130,7 +130,7 @@ def _folder(path, state, records=None):
 
 
 def test_run_costs_and_cost_table_from_run_folders(tmp_path):
-    records = [{"id": "a", "em": 1, "searches": 2, "trajectory": {"mask": [1, 1, 0, 1]}},
+    records = [{"id": "a", "em": 1, "searches": 2, "trajectory": {"mask": [1, 1, 0, 1], "rdra": {"searches": 2}}},
                {"id": "b", "em": 0, "searches": 3, "trajectory": {"mask": [1, 0, 0]}}]
     dapo = _folder(tmp_path / "dapo", {"seconds": {"sft": 100.0, "dapo": 40.5}, "steps": {"sft": 9, "dapo": 4}},
                    records)
@@ -139,15 +139,16 @@ def test_run_costs_and_cost_table_from_run_folders(tmp_path):
                   [{"id": "a", "searches": 1, "trajectory": {}}])
     costs = run_costs(dapo)
     assert costs["n"] == 2 and costs["searches_per_question"] == 2.5
+    assert costs["agent_searches_per_question"] == 1.5  # (2 - 2 background + 3) / 2
     assert costs["generated_tokens_per_question"] == 2.0 and costs["training_seconds"] == 40.5  # SFT left out
     assert run_costs(searched)["training_seconds"] == 12.0 and run_costs(searched)["n"] is None
     assert run_costs(prl)["training_seconds"] == 30.0 and run_costs(prl)["mcts_seconds"] == 10.0  # MCTS inside prl
     assert run_costs(prl)["generated_tokens_per_question"] is None  # no mask in the trajectory
     header, rows = cost_table({"DAPO": dapo, "ReasonRAG": searched, "PRL": prl}, notes={"ReasonRAG": "not trained"})
     assert header == COST_HEADER
-    assert rows == [["DAPO", 2, 2.5, 2.0, 40.5, None, 4, ""], ["ReasonRAG", None, None, None, 12.0, 12.0, 0,
-                                                                 "not trained"],
-                    ["PRL", 1, 1.0, None, 30.0, 10.0, 2, ""]]
+    assert rows == [["DAPO", 2, 2.5, 1.5, 2.0, 40.5, None, 4, ""],
+                    ["ReasonRAG", None, None, None, None, 12.0, 12.0, 0, "not trained"],
+                    ["PRL", 1, 1.0, 1.0, None, 30.0, 10.0, 2, ""]]
     with pytest.raises(ValueError, match="unknown held-out set"):
         run_costs(dapo, "musique")
 

@@ -383,6 +383,19 @@ def answer_source(record: dict) -> str:
     return source
 
 
+def agent_searches(record: dict) -> int | None:
+    """The searches the agent chose itself: ``searches`` less the queries RDRA sent before the first turn
+    (``trajectory.rdra.searches``; the whole agent counts both in ``searches``). A search-budget reward
+    (FrugalRAG) can only cut these; RDRA's background searches are fixed by its config. None when the
+    record has no search count."""
+    searches = record.get("searches")
+    if searches is None:
+        return None
+    trajectory = record.get("trajectory")
+    rdra = trajectory.get("rdra") if isinstance(trajectory, dict) else None
+    return searches - int((rdra or {}).get("searches") or 0)
+
+
 def summarize(records: list[dict]) -> dict:
     """Means over records; EM also split by answer source (``em_tagged`` / ``em_fallback``).
 
@@ -401,4 +414,10 @@ def summarize(records: list[dict]) -> dict:
             "em_tagged": mean("em", tagged), "em_fallback": mean("em", fallback),
             "n_tagged": len(tagged), "n_fallback": len(fallback),
             "tagged_share": round(len(tagged) / n, 4) if n else None,
-            "searches_per_question": mean("searches"), "seconds_per_question": mean("seconds")}
+            "searches_per_question": mean("searches"), "agent_searches_per_question": _mean_of(
+                [agent_searches(r) for r in records]), "seconds_per_question": mean("seconds")}
+
+
+def _mean_of(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(sum(values) / len(values), 4) if values else None

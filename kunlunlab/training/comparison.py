@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from kunlunlab.eval.harness import agent_searches
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
 # the keys that decide which held-out questions a run is evaluated on (load_training_data)
@@ -52,7 +53,8 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
-    """One run folder's cost: held-out ``n``, searches and generated tokens per question (None when the run
+    """One run folder's cost: held-out ``n``, searches (all, and the agent's own: less RDRA's background
+    queries) and generated tokens per question (None when the run
     was not evaluated), training seconds after SFT, the tree search's seconds, seconds and optimizer steps by
     stage."""
     run_dir = Path(run_dir)
@@ -68,12 +70,13 @@ def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
     records = heldout_records(run_dir, dataset) if (run_dir / HELDOUT_FILES[dataset]).is_file() else []
     return {"n": len(records) or None,
             "searches_per_question": _round(_mean(r.get("searches") for r in records), 2),
+            "agent_searches_per_question": _round(_mean(agent_searches(r) for r in records), 2),
             "generated_tokens_per_question": _round(_mean(generated_tokens(r) for r in records), 1),
             "training_seconds": round(sum(after_sft), 1) if (seconds or mcts is not None) else None,
             "mcts_seconds": mcts, "seconds_by_stage": seconds, "steps_by_stage": dict(state.get("steps") or {})}
 
 
-COST_HEADER = ["variant", "n", "searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
+COST_HEADER = ["variant", "n", "searches / q", "agent's own searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
                "optimizer steps after SFT", "note"]
 
 
@@ -85,7 +88,8 @@ def cost_table(runs: Mapping[str, str | Path], dataset: str = "world",
     for label, folder in runs.items():
         c = run_costs(folder, dataset)
         steps = sum(v for k, v in c["steps_by_stage"].items() if k != "sft")
-        rows.append([label, c["n"], c["searches_per_question"], c["generated_tokens_per_question"],
+        rows.append([label, c["n"], c["searches_per_question"], c["agent_searches_per_question"],
+                     c["generated_tokens_per_question"],
                      c["training_seconds"], c["mcts_seconds"], steps, (notes or {}).get(label, "")])
     return list(COST_HEADER), rows
 

@@ -134,6 +134,7 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
             "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
             "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
             "format_compliance": _format_compliance(records), "searches": summary["searches_per_question"],
+            "agent_searches": summary.get("agent_searches_per_question"),
             "seconds": summary["wall_seconds"]}
 
 
@@ -509,6 +510,7 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
         "format_compliance_before": pct(wb.get("format_compliance")),
         "format_compliance_after": pct(wa["format_compliance"]),
         "searches_before": wb.get("searches"), "searches_after": wa["searches"],
+        "agent_searches_after": wa.get("agent_searches"),
         "steps": sum(steps.values()), "steps_by_stage": steps,
         "seconds": round(sum(timings.values()), 1), "seconds_by_stage": timings,
         "eval_seconds": {"before": before.get("seconds"), "after": after.get("seconds")},
