@@ -173,6 +173,18 @@ def test_agent_settings_load_and_resolve(tmp_path):
     assert whole.stie.max_rounds == 2 and whole.rollout.top_k == 1
 
 
+def test_a_named_method_is_not_switched_off_by_a_plain_agent_checkpoint(tmp_path):
+    # a checkpoint trained as the plain agent saves use_rdra/use_stie off; asking it for `kunlun` must run
+    # RDRA and STIE (found on 2026-11-25: the suite's kunlun row on such a checkpoint was the plain agent's)
+    ckpt = _checkpoint(tmp_path, {"method": "agent", "top_k": 1, "use_rdra": False, "use_stie": False})
+    asked = EvalConfig.for_checkpoint(ckpt, method="kunlun")
+    assert (asked.method, asked.use_rdra, asked.use_stie, asked.rollout.top_k) == ("kunlun", True, True, 1)
+    ablated = EvalConfig.for_checkpoint(ckpt, method="kunlun", use_rdra=False)  # an explicit ablation still wins
+    assert (ablated.use_rdra, ablated.use_stie) == (False, True)
+    own = EvalConfig.for_checkpoint(ckpt)  # the checkpoint's own method keeps its saved flags
+    assert (own.method, own.use_rdra, own.use_stie) == ("agent", False, False)
+
+
 @pytest.mark.parametrize("content,match", [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"),
                                            ({"top_k": "3"}, "'top_k' must be int"),
                                            ({"use_stie": 1}, "'use_stie' must be bool"),

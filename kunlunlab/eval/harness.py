@@ -173,11 +173,16 @@ def _is_explicit(path: str, explicit: Collection[str]) -> bool:
 def apply_agent_settings(config: EvalConfig, settings: dict, explicit: Collection[str] = frozenset(),
                          source: str = AGENT_SETTINGS_FILE) -> EvalConfig:
     """``config`` with agent settings (``kunlunlab_agent.json``'s flat keys) applied to every field whose
-    path (``AGENT_SETTING_PATHS``) is not in ``explicit``."""
+    path (``AGENT_SETTING_PATHS``) is not in ``explicit``.
+
+    ``use_rdra`` / ``use_stie`` describe the checkpoint's own method (a plain-``agent`` checkpoint saves them
+    off): when the user names another method they are not applied, so ``--method kunlun`` on such a
+    checkpoint runs RDRA and STIE instead of silently running the plain agent."""
     top, rollout, stie = {}, {}, {}
+    other_method = _is_explicit("method", explicit) and settings.get("method", config.method) != config.method
     for key, value in settings.items():
         path = AGENT_SETTING_PATHS[key]
-        if _is_explicit(path, explicit):
+        if _is_explicit(path, explicit) or (other_method and key in ("use_rdra", "use_stie")):
             continue
         if key == "rdra":  # RDRA's sizes as trained (background passages, plan queries, characters)
             try:
