@@ -281,3 +281,70 @@ def test_real_sources_take_their_share_of_each_epoch_as_high_quality_samples(wor
     t = wiki[0]
     assert "Mila Dross (born 1950)" in t.text and "Pell Varn (born 1941)" in t.text
     assert t.text.endswith("<short_answer>\\boxed{Pell Varn}</short_answer>")
+
+
+def test_background_facts_reads_a_hop_the_background_shows_instead_of_searching_it(world, questions, tokenizer):
+    """With ``background_facts`` a hop whose passage is in RDRA's background is stated from it and not
+    searched; the hops it does not show are searched as before. Without the option every hop is searched."""
+    from kunlunlab.agent.rdra import RDRAConfig
+    from kunlunlab.retrieval.retriever import Hit
+
+    ex = next(q for q in questions if q.type == "compositional" and len(q.chain) == 2)
+    by_id = {p.id: p for p in world.passages}
+    first, second = (by_id[h.passage_id] for h in ex.chain)
+
+    def search(queries, k):  # the background (question and plan queries) finds hop 1's page only
+        return [[Hit(p.id, p.contents, 1.0, p.title)] for p in
+                (second if q == ex.chain[1].question else first for q in queries)]
+
+    rdra = RDRAConfig(background_k=1, plan_k=1, max_docs=2)
+    plain = TrajectoryBuilder(search, world.passages, MixingConfig(top_k=1, rdra_background=True), rdra).world(ex)
+    reading = TrajectoryBuilder(search, world.passages,
+                                MixingConfig(top_k=1, rdra_background=True, background_facts=True), rdra).world(ex)
+    assert plain.background == reading.background and first.title in reading.background
+    assert second.title not in reading.background
+    assert plain.searches == 2 and reading.searches == 1
+    q1, a1, q2 = ex.chain[0].question, ex.chain[0].answer, ex.chain[1].question
+    assert reading.segments[0]["text"].startswith(f"From the background: {q1} {a1}. Next: {q2}</think>")
+    assert re.findall(r"<query>(.*?)</query>", reading.text) == [q2]
+    assert re.findall(r"\\boxed\{(.*?)\}", reading.text) == [ex.answers[0]]
+    record = parse_completion(reading.text)
+    assert record.answer == ex.answers[0] and record.n_searches == 1 and format_compliant(record)
+
+    def everything(queries, k):  # a background that shows both hops: the answer comes without a search
+        return [[Hit(p.id, p.contents, 1.0, p.title) for p in (first, second)] for _ in queries]
+
+    direct = TrajectoryBuilder(everything, world.passages,
+                               MixingConfig(top_k=1, rdra_background=True, background_facts=True),
+                               RDRAConfig(background_k=2, plan_k=2, max_docs=2)).world(ex)
+    assert direct.searches == 0 and len(direct.segments) == 1
+    assert direct.text.startswith(f"<think>From the background: {q1} {a1}. From the background: {q2}")
+    row = tokenize_trajectory(tokenizer, direct)
+    assert sum(row["completion_mask"]) > 0 and parse_completion(direct.text).answer == ex.answers[0]
+
+
+def test_background_facts_on_a_real_bridge_question_searches_only_the_page_the_background_lacks():
+    from kunlunlab.agent.rdra import RDRAConfig
+    from kunlunlab.data import Passage, QAExample
+    from kunlunlab.retrieval.retriever import Hit
+
+    corpus = [Passage("a", "Orla Fenn", "Orla Fenn (born 1950) was a singer. She was born in Tarrow."),
+              Passage("b", "Tarrow", "Tarrow is a town whose mayor is Ivo Brent."),
+              Passage("c", "Mill Lane", "Mill Lane is a street.")]
+    real = QAExample("r2", "Who is the mayor of the town where Orla Fenn was born?", ["Ivo Brent"], "hotpotqa",
+                     type="bridge", supporting_titles=["Orla Fenn", "Tarrow"], supporting_ids=["a", "b"])
+
+    def search(queries, k):  # the background finds Orla Fenn's page; only a search for "Tarrow" finds its page
+        return [[Hit(p.id, p.contents, 1.0, p.title) for p in corpus
+                 if p.title == q or (q != "Tarrow" and p.id in "ac")][:k] for q in queries]
+
+    rdra = RDRAConfig(background_k=2, plan_k=1, max_docs=2, background_share=1.0)
+    cfg = MixingConfig(top_k=1, rdra_background=True)
+    plain = TrajectoryBuilder(search, corpus, cfg, rdra).hotpot(real)
+    cfg = MixingConfig(top_k=1, rdra_background=True, background_facts=True)
+    reading = TrajectoryBuilder(search, corpus, cfg, rdra).hotpot(real)
+    assert "Orla Fenn (born 1950)" in reading.background and "mayor" not in reading.background
+    assert re.findall(r"<query>(.*?)</query>", plain.text) == ["Orla Fenn", "Tarrow"]
+    assert re.findall(r"<query>(.*?)</query>", reading.text) == ["Tarrow"]
+    assert reading.segments[0]["text"].startswith("From the background: Orla Fenn. Next: Tarrow</think>")
+    assert reading.text.endswith("the answer is Ivo Brent.</think>\n<short_answer>\\boxed{Ivo Brent}</short_answer>")

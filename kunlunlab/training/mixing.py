@@ -23,6 +23,14 @@ supervised fine-tuning sees exactly what inference will append.
   their answer with STIE's feedback block (§2.2, the exact text the controller appends, masked out of the
   loss like a result block), a verification search and the answer again. Half of those (``stie_wrong_first``)
   first give a wrong answer (masked) that the verification corrects.
+* **Reading the background** (``background_facts``, with ``rdra_background``): by default the teacher
+  searches every hop even when the background block already shows its passage, so a model trained that way
+  learns "search every hop" and gains nothing from RDRA but a longer prompt. With this option a stage
+  whose gold passages (answer visible in the clipped text) are all in the background is stated from it
+  (``From the background: Q? A.``) and not searched; a question the background answers entirely is
+  answered at once. This is what §2.1 builds the background for (the first retrieval guides the reasoning,
+  so fewer rounds are needed); an untrained model given a background already tries it and loses count of
+  its hops (A192 checkpoint: it skips hop 1, then searches one hop past the answer).
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
   ratio): *distractor* results (the gold passage is withheld; the model notices and searches the
   entity's page), a *wrong hop* (a wrong intermediate answer is pursued, then corrected; the wrong
@@ -66,6 +74,7 @@ class MixingConfig:
     max_result_chars: int = 300
     quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
     rdra_background: bool = False    # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
+    background_facts: bool = False   # ... and a stage whose facts the background shows is read from it, not searched
     plan_samples: int = 0            # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2)
     stie_feedback_share: float = 0.0  # trajectories that continue after the answer with STIE feedback (§2.2)
     stie_wrong_first: float = 0.5    # ... of which the first answer is wrong (masked) and corrected after feedback
@@ -233,7 +242,12 @@ class TrajectoryBuilder:
                         rng: random.Random | None = None) -> str:
         """Eqs. 1, 3, 4 with real retrieval: D_1 for the question, D_2 for the plan's queries, joined as
         inference joins them; ``irrelevant`` passages replace the last ones (the background noise kind)."""
-        from kunlunlab.agent.rdra import background_text, joint_context, plan_queries
+        return self.rdra_context(question, plan, irrelevant, rng)[0]
+
+    def rdra_context(self, question: str, plan: str, irrelevant: int = 0,
+                     rng: random.Random | None = None) -> tuple[str, dict[str, str]]:
+        """:meth:`rdra_background` and each shown passage's text as the block shows it (clipped), by id."""
+        from kunlunlab.agent.rdra import background_text, clip_doc, joint_context, plan_queries
 
         first = self.search([question], self.rdra.background_k)[0]
         queries = plan_queries(plan, question, self.rdra.max_plan_queries, self.rdra.query_whole_plan)
@@ -244,7 +258,8 @@ class TrajectoryBuilder:
 
             picks = (rng or random.Random(0)).sample(self.passages, irrelevant)
             docs = docs[:max(0, len(docs) - irrelevant)] + [Hit(p.id, p.contents, 0.0, p.title) for p in picks]
-        return background_text(plan, docs, self.rdra)
+        shown = {h.id: clip_doc(h.contents, self.rdra.max_doc_chars) for h in docs}
+        return background_text(plan, docs, self.rdra), shown
 
     def plan_sample(self, ex: QAExample, source: str = "world") -> TrajectoryExample:
         """Eq. 2's planning turn as an SFT sample: the planning prompt with D_1, then the plan and EOS."""
@@ -316,6 +331,12 @@ class TrajectoryBuilder:
         noise: list[str] = []
         facts = ""  # what the last turn learned; the next turn's think block states it
         stages = self._stages(ex)
+        known: dict[str, str] = {}  # passage id -> its text as the background shows it (background_facts)
+        background = None
+        if self.cfg.rdra_background and self.cfg.background_facts:
+            # Built first here (the default builds it after the turns; same draws, other order) because the
+            # turns depend on what it shows.
+            background, known = self._world_background(ex, rho, rng, kinds, noise)
 
         def model(text: str, train: bool = True) -> None:
             segs.append({"role": "model", "text": text, "train": train})
@@ -324,10 +345,14 @@ class TrajectoryBuilder:
             hops = [ex.chain[i] for i in stage]
             queries = [h.question for h in hops]
             golds = [h.passage_id for h in hops]
-            # The first turn continues the assistant prefix "<think>"; later turns open their own.
-            lead = ("<think>" if s else "") + (facts + " " if facts else "") + \
-                ("I need: " if s == 0 else "Next: ") + " ".join(queries)
             kind = rng.choice(list(kinds)) if kinds and rng.random() < rho else None
+            if kind is None and known and all(h.answer in known.get(h.passage_id, "") for h in hops):
+                read = " ".join(self._fact(h.question, h.answer, known[h.passage_id]) for h in hops)
+                facts = (facts + " " if facts else "") + "From the background: " + read
+                continue
+            # The first turn continues the assistant prefix "<think>"; later turns open their own.
+            lead = ("<think>" if segs else "") + (facts + " " if facts else "") + \
+                ("I need: " if s == 0 else "Next: ") + " ".join(queries)
             model(_search_turn(lead, queries))
             if kind == "distractor":
                 # The results miss the fact; the model says so and searches the entity's own page.
@@ -356,17 +381,24 @@ class TrajectoryBuilder:
             facts = " ".join(self._fact(h.question, h.answer, segs[-1]["text"]) for h in hops)
         if ex.type in ("comparison", "bridge_comparison"):
             facts += f" So the answer is {ex.answers[0]}."
-        model(_answer_turn("<think>" + facts.strip(), ex.answers[0]))
-        background = None
+        model(_answer_turn(("<think>" if segs else "") + facts.strip(), ex.answers[0]))
+        if not (self.cfg.rdra_background and self.cfg.background_facts):
+            background, _ = self._world_background(ex, rho, rng, kinds, noise)
+        return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
+                                 "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
+
+    def _world_background(self, ex: QAExample, rho: float, rng: random.Random, kinds: Sequence[str],
+                          noise: list[str]) -> tuple[str | None, dict[str, str]]:
+        """The prompt's background block (RDRA's, or irrelevant passages as noise) and what it shows of each
+        passage, by id."""
         noisy_background = bool(kinds and "background" in kinds and rng.random() < rho)
         if noisy_background:
             noise.append("background")
         if self.cfg.rdra_background:
-            background = self.rdra_background(ex.question, self.teacher_plan(ex), 2 if noisy_background else 0, rng)
-        elif noisy_background:
-            background = "\n".join(p.contents for p in rng.sample(self.passages, 2))
-        return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
-                                 "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
+            return self.rdra_context(ex.question, self.teacher_plan(ex), 2 if noisy_background else 0, rng)
+        if noisy_background:
+            return "\n".join(p.contents for p in rng.sample(self.passages, 2)), {}
+        return None, {}
 
     def _fact(self, question: str, answer: str, result_text: str) -> str:
         """How a think turn states a hop's answer: ``Q? "evidence sentence" So: A.`` (or ``Q? A.``)."""
@@ -390,16 +422,26 @@ class TrajectoryBuilder:
         segs: list[dict] = []
         stages = [titles] if ex.type == "comparison" else [[t] for t in titles]
         gold_of = dict(zip(titles, golds))
-        for s, stage in enumerate(stages):
-            lead = ("<think>" if s else "") + ("I need: " if s == 0 else "Next: ") + " and ".join(stage)
+        background, known = None, {}
+        if self.cfg.rdra_background:
+            background, known = self.rdra_context(ex.question, self.teacher_plan(ex))
+        if not self.cfg.background_facts:
+            known = {}
+        read = [t for t in titles if gold_of[t] in known]  # pages the background shows (background_facts)
+        for stage in stages:
+            stage = [t for t in stage if t not in read]
+            if not stage:
+                continue
+            lead = ("<think>" if segs else "") + (f"From the background: {' and '.join(read)}. " if read and not segs
+                                                   else "") + ("I need: " if not (segs or read) else "Next: ") + " and ".join(stage)
             segs.append({"role": "model", "text": _search_turn(lead, list(stage)), "train": True})
             segs.append(self._env(list(stage), [gold_of[t] for t in stage]))
-        shown = "".join(seg["text"] for seg in segs if seg["role"] == "env")
+        shown = "".join(seg["text"] for seg in segs if seg["role"] == "env") + "".join(known[gold_of[t]] for t in read)
         quote = evidence_sentence(shown, ex.answers[0]) if self.cfg.quote_evidence else None
         said = f' "{quote}"' if quote else ""
         segs.append({"role": "model", "train": True, "text": _answer_turn(
-            f"<think>From {' and '.join(titles)}:{said} the answer is {ex.answers[0]}.", ex.answers[0])})
-        background = self.rdra_background(ex.question, self.teacher_plan(ex)) if self.cfg.rdra_background else None
+            f"{'<think>' if segs else ''}From {' and '.join(titles)}:{said} the answer is {ex.answers[0]}.",
+            ex.answers[0])})
         return TrajectoryExample(ex.question, list(ex.answers), segs, background, source, "hq", [], len(titles),
                                  ex.type)
 
