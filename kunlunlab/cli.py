@@ -226,6 +226,51 @@ def cmd_compare_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_suite(args: argparse.Namespace) -> int:
+    """Notebook 06's evaluation without a notebook (a GPU node, a batch job): Table 2 and the inference
+    ablations of a trained checkpoint, records in ``--out``, the tables in ``tables.md``, JSON last."""
+    from dataclasses import asdict
+
+    from kunlunlab.configs import apply_overrides, build_dataclass, read_config_file
+    from kunlunlab.eval.compare import ablation_table, table2
+    from kunlunlab.paths import new_run_dir
+    from kunlunlab.runner import markdown_table
+    from kunlunlab.suite import SuiteConfig, run_suite
+
+    try:
+        data = read_config_file(args.config, "suite config") if args.config else {}
+        data = apply_overrides(data, args.set)
+        for key in ("model", "train_config"):
+            if getattr(args, key) is not None:
+                data[key] = getattr(args, key)
+        cfg = build_dataclass(SuiteConfig, data, "suite")
+        if cfg.model and not Path(cfg.model).exists():
+            raise FileNotFoundError(f"checkpoint not found: {cfg.model}")
+    except (FileNotFoundError, ValueError, TypeError) as err:
+        return _fail("suite", err)
+    out = Path(args.out) if args.out else new_run_dir(name=time.strftime("%Y%m%d-%H%M%S") + "-suite")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"kunlunlab suite: writing to {out}", flush=True)
+    try:
+        result = run_suite(cfg, out / "records", progress=lambda msg: print(msg, flush=True))
+    except (FileNotFoundError, ValueError) as err:
+        return _fail("suite", err)
+    tables = {"Table 2 (EM / LJ %)": table2(result.records, cfg.method, cfg.baselines, seed=cfg.seed)}
+    for dataset, variants in result.ablations.items():
+        tables[f"ablations on {dataset}"] = ablation_table(variants, cfg.method, seed=cfg.seed)
+    lines = []
+    for title, (header, rows) in tables.items():
+        lines += [f"## {title}", "", *markdown_table(header, rows), ""]
+    (out / "tables.md").write_text("\n".join(lines))
+    summary = {"config": asdict(cfg), "seconds": result.seconds, "summaries": result.summaries,
+               "router": result.router, "tables": {t: {"header": h, "rows": r} for t, (h, r) in tables.items()}}
+    (out / "suite_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print("\n".join(lines))
+    print(json.dumps({"out": str(out), "seconds": result.seconds,
+                      "em": {f"{s['dataset']}/{s['variant']}": s["em"] for s in result.summaries}}))
+    return 0
+
+
 def cmd_train_router(args: argparse.Namespace) -> int:
     """NLR (paper §2.4, eqs. 20–23): measure local / network / both on training hop queries, train, save."""
     from dataclasses import replace
@@ -388,6 +433,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("runs", nargs="+", help="label=run_folder (kunlunlab train --run-dir); the first is the reference")
     c.add_argument("--dataset", default="world", choices=sorted(HELDOUT_FILES))
     c.set_defaults(func=cmd_compare_runs)
+
+    q = sub.add_parser("suite", help="notebook 06 without a notebook: Table 2 and the ablations of a checkpoint "
+                                     "(records, tables.md; JSON summary as the last line)")
+    q.add_argument("--model", default=None, help="trained checkpoint folder (default: the embedded, untrained model)")
+    q.add_argument("--train-config", default=None,
+                   help="the checkpoint's train_config.json, whose held-out split is evaluated")
+    q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/suite.py)")
+    q.add_argument("--set", nargs="*", default=None,
+                   help='SuiteConfig overrides, e.g. world_questions=100 \'baselines=["naive_rag"]\'')
+    q.add_argument("--out", default=None, help="output folder (default: a new experiments/runs/<timestamp>-suite)")
+    q.set_defaults(func=cmd_suite)
 
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 from kunlunlab.paths import cache_dir
@@ -134,7 +135,9 @@ def converted_llm_dir() -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = target.with_name(target.name + ".partial")
+    # One scratch folder per process: two runs started at once on a fresh cache (train_arms.sh, several
+    # notebooks) each convert, and the first rename publishes; a shared ".partial" made one of them fail.
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
     # transformers marks GGUF-loaded models as quantized and refuses save_pretrained; the weights are
@@ -150,11 +153,16 @@ def converted_llm_dir() -> Path:
     (tmp / "kunlunlab_provenance.json").write_text(
         json.dumps({"source_gguf": str(gguf), "upstream": _SMOLLM2_UPSTREAM}, indent=2)
     )
-    if target.exists():
-        import shutil
+    import shutil
 
-        shutil.rmtree(target)
-    tmp.rename(target)  # atomic publish: a killed conversion never leaves a half checkpoint
+    try:
+        if target.exists() and not (target / "model.safetensors").is_file():
+            shutil.rmtree(target, ignore_errors=True)  # a damaged checkpoint from an older version
+        tmp.rename(target)  # atomic publish: a killed conversion never leaves a half checkpoint
+    except OSError:
+        if not (target / "model.safetensors").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process published the same conversion first
     return target
 
 

@@ -115,3 +115,67 @@ def test_eval_help_lists_the_flag(flag, capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert flag in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- kunlunlab suite
+def _suite_records(ems: list[float], method: str) -> list[dict]:
+    return [{"id": f"q{i}", "em": em, "f1": em, "lj": None, "searches": 2} for i, em in enumerate(ems)]
+
+
+def test_suite_writes_table2_and_ablations_from_the_records(tmp_path, monkeypatch, capsys):
+    """The CLI maps flags and --set onto SuiteConfig and turns the suite's records into the same tables as
+    notebook 06 (values below are the hand-computed means of the records)."""
+    import kunlunlab.suite as suite
+
+    seen = {}
+
+    def fake_run_suite(cfg, out_dir, backend=None, progress=print):
+        seen["cfg"] = cfg
+        result = suite.SuiteResult()
+        result.records = {"world": {"naive_rag": _suite_records([0, 0, 0, 0], "naive_rag"),
+                                    "kunlun": _suite_records([1, 1, 0, 0], "kunlun")}}
+        result.ablations = {"world": {"kunlun": result.records["world"]["kunlun"],
+                                      "−RDRA": _suite_records([1, 0, 0, 0], "−RDRA")}}
+        result.summaries = [{"dataset": "world", "variant": "kunlun", "em": 0.5}]
+        return result
+
+    monkeypatch.setattr(suite, "run_suite", fake_run_suite)
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    out = tmp_path / "suite"
+    code = main(["suite", "--model", str(checkpoint), "--out", str(out),
+                 "--set", "world_questions=7", 'baselines=["naive_rag"]', 'ablations=["−RDRA"]'])
+    assert code == 0
+    assert seen["cfg"].world_questions == 7 and seen["cfg"].baselines == ("naive_rag",)
+    assert seen["cfg"].model == str(checkpoint)
+    tables = (out / "tables.md").read_text()
+    assert "| naive_rag | 0.0 | – |" in tables and "| kunlun | 50.0 | – |" in tables
+    assert "| −RDRA | 4 | 25.0 | 25.0 | 2.0 | -25.0 [" in tables
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["out"] == str(out) and last["em"] == {"world/kunlun": 0.5}
+    assert json.loads((out / "suite_summary.json").read_text())["config"]["world_questions"] == 7
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["suite", "--set", "no_such_key=1"], "unknown keys ['no_such_key']"),
+    (["suite", "--model", "/no/such/checkpoint"], "checkpoint not found: /no/such/checkpoint"),
+    (["suite", "--set", 'ablations=["−NOPE"]'], "unknown ablations"),
+    (["suite", "--config", "/no/such/suite.json"], "suite config not found"),
+])
+def test_suite_input_errors_are_one_line(argv, message, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("kunlunlab suite: ") and message in lines[0]
+    assert "Traceback" not in captured.err
+
+
+def test_train_arms_script_refuses_an_incomplete_arm_list():
+    """experiments/scripts/train_arms.sh needs OUT, the common sets and NAME/SETS pairs; anything else is a
+    usage line and exit 2, before any training starts."""
+    from kunlunlab.paths import PROJECT_ROOT
+
+    script = PROJECT_ROOT / "experiments" / "scripts" / "train_arms.sh"
+    for args in ([], ["out"], ["out", "common", "only_a_name"]):
+        proc = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and proc.stderr.startswith("usage: ")

@@ -18,6 +18,7 @@ already run at ~70 % of the cores' bfloat16 peak, and SDPA's math backend was no
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 from typing import Sequence
 
@@ -283,8 +284,10 @@ def corpus_embeddings(encoder: Encoder, passages: Sequence[Passage], progress: b
     vectors = encoder.encode_passages([p.contents for p in passages], progress=progress)
     if cache:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial.npy")
+        # a scratch file per process: runs started together on a fresh cache embed the same corpus at once,
+        # and a shared scratch name let one rename the other's half-written file
+        tmp = path.with_suffix(f".partial-{os.getpid()}.npy")
         np.save(tmp, vectors)
-        tmp.rename(path)
+        tmp.replace(path)  # the same vectors either way: the last writer wins, whole
     return vectors
 
