@@ -1,55 +1,72 @@
 """Two runs started at once on a fresh cache (``experiments/scripts/train_arms.sh``, several notebooks, a
 cluster job array) both fill it: the embedded LLM's GGUF conversion and a corpus's embeddings. Both
-processes must finish and leave a whole cache entry. Found on the GPU node: the second training process
+processes must finish and leave a whole cache entry. The tests below interleave the two processes
+deterministically (the second, with another pid, runs inside the first's write). Found on the GPU node: the second training process
 of train_arms.sh died in safetensors ("No such file or directory") because both converted into one
 shared ``.partial`` folder and the first rename took it away."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+class _StubModel:
+    """What converted_llm_dir calls on transformers' objects; save_pretrained writes like the real one (the
+    folder first, then the weights), and ``during_save`` runs between the two."""
 
-CONVERT = """
-import json, sys, time
-from pathlib import Path
-start = Path(sys.argv[1])
-while not start.exists():  # both processes leave the gate together
-    time.sleep(0.01)
-from kunlunlab import models
-print(json.dumps({"dir": str(models.converted_llm_dir())}))
-"""
+    during_save = None
 
-def _race(script: str, tmp_path: Path) -> list[dict]:
-    cache, gate = tmp_path / "cache", tmp_path / "go"
-    env = {**os.environ, "KUNLUNLAB_CACHE": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(gate)], env=env, cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(2.0)
-    gate.touch()
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-2000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    return outs
+    def __init__(self):
+        self.config, self.generation_config = type("Config", (), {})(), None
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def save_pretrained(self, folder, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        if _StubModel.during_save is not None:
+            hook, _StubModel.during_save = _StubModel.during_save, None
+            hook()
+        (Path(folder) / "model.safetensors").write_bytes(b"weights")
 
 
-def test_two_processes_convert_the_embedded_llm_at_once(tmp_path):
-    from transformers import AutoConfig
+class _StubTokenizer:
+    def save_pretrained(self, folder):
+        (Path(folder) / "tokenizer_config.json").write_text("{}")
 
-    outs = _race(CONVERT, tmp_path)
-    folder = Path(outs[0]["dir"])
-    assert outs[1]["dir"] == str(folder) and (folder / "model.safetensors").is_file()
-    assert AutoConfig.from_pretrained(folder).model_type == "llama"
-    leftovers = [p.name for p in folder.parent.iterdir() if ".partial" in p.name]
-    assert leftovers == []  # the loser's scratch folder is removed, not left to fill the disk
+
+def test_the_embedded_llm_converted_by_another_process_meanwhile_is_no_error(tmp_path, monkeypatch):
+    """Deterministic form of the race: while this process writes its converted checkpoint, a second process
+    (another pid) converts and publishes. With one shared scratch folder the second took the first's folder
+    away and the first died writing its weights; now both return the one published checkpoint."""
+    import transformers
+
+    from kunlunlab import models
+
+    monkeypatch.setenv("KUNLUNLAB_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "llm" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"gguf")
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda: gguf)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: _StubTokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: _StubModel())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", lambda *a, **k: _StubModel())
+    seen = {}
+
+    def other_process_converts():
+        with monkeypatch.context() as m:
+            m.setattr(models.os, "getpid", lambda: 999_999)
+            seen["other"] = models.converted_llm_dir()
+
+    _StubModel.during_save = other_process_converts
+    folder = models.converted_llm_dir()
+    assert seen["other"] == folder and (folder / "model.safetensors").read_bytes() == b"weights"
+    assert (folder / "tokenizer_config.json").is_file()
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no scratch folder left behind
+    assert models.converted_llm_dir() == folder  # and the next call reads the cache
 
 
 class _StubEncoder:
