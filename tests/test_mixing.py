@@ -348,3 +348,22 @@ def test_background_facts_on_a_real_bridge_question_searches_only_the_page_the_b
     assert re.findall(r"<query>(.*?)</query>", reading.text) == ["Tarrow"]
     assert reading.segments[0]["text"].startswith("From the background: Orla Fenn. Next: Tarrow</think>")
     assert reading.text.endswith("the answer is Ivo Brent.</think>\n<short_answer>\\boxed{Ivo Brent}</short_answer>")
+
+
+def test_plan_free_rdra_trajectories_carry_the_first_stage_only_and_no_plan_samples(world, questions, bm25):
+    """With RDRAConfig(use_plan=False) the SFT prompts show what plan-free inference shows (D_1 without a plan
+    line) and no planning samples are written, since that form never runs eq. 2."""
+    from kunlunlab.agent.rdra import RDRAConfig
+
+    rdra = RDRAConfig(background_k=2, max_docs=5, max_doc_chars=200, use_plan=False)
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, top_k=1, rdra_background=True,
+                       plan_samples=2, stie_feedback_share=0.5)
+    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra)
+    ex = next(q for q in questions if q.type == "compositional")
+    t = builder.world(ex)
+    first = [h.contents[:40] for h in bm25.search([ex.question], 2)[0]]
+    assert t.background.startswith("Documents:\n(1) " + first[0]) and "Plan:" not in t.background
+    assert re.findall(r"^\((\d)\) ", t.background, re.M) == ["1", "2"]  # the two first-stage passages only
+    out = mix(builder, questions, cfg)
+    assert not any(r["kind"] == "plan" for r in data_stats(out)) and len(out) == 16
+    assert all(t.background.startswith("Documents:") for t in out)

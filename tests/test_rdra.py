@@ -58,3 +58,15 @@ def test_rdra_dead_service_reasons_without_background(backend):
 
     out = rdra_contexts(ScriptedBackend(backend.tokenizer, [["Find the film"]]), down, ["Q?"], RDRAConfig())
     assert out[0].doc_ids == [] and "down" in out[0].error
+
+
+def test_plan_free_rdra_sends_one_search_and_shows_only_the_first_stage(backend):
+    """use_plan=False: no planning call (the scripted backend would fail on a generate it was not given),
+    the background is the question's own top background_k passages with no plan line, one search each."""
+    search = RecordingSearch()
+    cfg = RDRAConfig(background_k=2, max_docs=5, use_plan=False)
+    out = rdra_contexts(ScriptedBackend(backend.tokenizer, []), search, ["Q one?", "Q two?"], cfg)
+    assert search.calls == [(["Q one?", "Q two?"], 2)]
+    assert [c.searches for c in out] == [1, 1] and [c.plan for c in out] == ["", ""]
+    assert out[0].doc_ids == ["Q one?#0", "Q one?#1"] and out[0].plan_queries == []
+    assert out[0].background == "Documents:\n(1) text 0 for Q one?\n(2) text 1 for Q one?"

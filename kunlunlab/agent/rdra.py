@@ -14,6 +14,14 @@ from D_2 (either side fills the other's unused slots). The paper gives no split;
 2 of 5 slots for the question's own neighbours and 3 for the plan's, which are the ones that reach
 beyond the first hop.
 
+Plan-free RDRA (``use_plan=False``, a departure from the paper, off by default): eqs. (2)-(3) are
+skipped, the background is D_1 alone (``background_k`` passages, no plan line) and RDRA costs one
+search. Why it exists: on one H100 (G192, 200 held-out world questions, records in
+``experiments/results/gpu_g192``) the kunlun-trained 135M model copied its own plan's questions into its
+searches, and its plans are often wrong ("Who founded X? Who married X?" for a nationality comparison),
+so the trained whole method scored 48.5 EM against the plain agent's 71.0; the README's Training section
+reports what the plan-free form measures.
+
 Everything is batched: one retrieval call per stage and one generation call for all plans. Training
 data (:mod:`kunlunlab.training.mixing`) composes its backgrounds with :func:`joint_context` and
 :func:`background_text`, so supervised fine-tuning sees exactly what inference will put in the prompt.
@@ -39,6 +47,7 @@ class RDRAConfig:
     max_docs: int = 5          # passages in the final background block, eq. (4)
     background_share: float = 0.4  # share of max_docs reserved for D_1 (the rest for D_2)
     max_doc_chars: int = 400
+    use_plan: bool = True      # False: plan-free RDRA, D_1 only (eqs. 2-3 skipped; see the module docstring)
 
     def __post_init__(self):
         if not 0.0 <= self.background_share <= 1.0:
@@ -94,7 +103,10 @@ def clip_doc(text: str, max_chars: int) -> str:
 
 
 def background_text(plan: str, docs: Sequence, cfg: RDRAConfig) -> str:
-    """The ``<background>`` block's content: the plan, then the joint context's passages."""
+    """The ``<background>`` block's content: the plan (none in plan-free RDRA), then the joint context's
+    passages."""
+    if not plan.strip():
+        return f"Documents:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
     return f"Plan:\n{plan.strip()}\n\nDocuments:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
 
 
@@ -118,6 +130,9 @@ def rdra_contexts(backend: Backend, search: SearchFn, questions: list[str],
             return [[] for _ in queries], str(err)
 
     first, error1 = safe_search(questions, cfg.background_k)                       # eq. (1)
+    if not cfg.use_plan:  # plan-free RDRA: the background is D_1 alone, one search per question
+        return [RDRAContext("", [], [h.id for h in docs], background_text("", docs, cfg), error1, searches=1)
+                for docs in (joint_context(hits, [], cfg) for hits in first)]
     prompts = [chat_prompt_ids(tok, plan_prompt_messages(q, hits, cfg)) for q, hits in zip(questions, first)]
     plans = [s.text.replace(tok.eos_token or "", "").strip()
              for s in generate_once(backend, prompts, cfg.plan_tokens, stop=())]   # eq. (2)

@@ -23,6 +23,8 @@ supervised fine-tuning sees exactly what inference will append.
   their answer with STIE's feedback block (§2.2, the exact text the controller appends, masked out of the
   loss like a result block), a verification search and the answer again. Half of those (``stie_wrong_first``)
   first give a wrong answer (masked) that the verification corrects.
+  With plan-free RDRA (``RDRAConfig.use_plan=False``) the background is D_1 alone without a plan line and
+  no plan samples are written, as that form never runs eq. 2.
 * **Reading the background** (``background_facts``, with ``rdra_background``): by default the teacher
   searches every hop even when the background block already shows its passage, so a model trained that way
   learns "search every hop" and gains nothing from RDRA but a longer prompt. With this option a stage
@@ -254,8 +256,11 @@ class TrajectoryBuilder:
         from kunlunlab.agent.rdra import background_text, clip_doc, joint_context, plan_queries
 
         first = self.search([question], self.rdra.background_k)[0]
-        queries = plan_queries(plan, question, self.rdra.max_plan_queries, self.rdra.query_whole_plan)
-        second = [h for hits in self.search(queries, self.rdra.plan_k) for h in hits]
+        if not self.rdra.use_plan:  # plan-free RDRA: D_1 alone and no plan line, as inference writes it
+            plan, second = "", []
+        else:
+            queries = plan_queries(plan, question, self.rdra.max_plan_queries, self.rdra.query_whole_plan)
+            second = [h for hits in self.search(queries, self.rdra.plan_k) for h in hits]
         docs = joint_context(first, second, self.rdra)
         if irrelevant:
             from kunlunlab.retrieval.retriever import Hit
@@ -501,7 +506,9 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
             t = builder.world(ex)
             t.segments, t.partial, t.epoch = t.segments[:1], True, row["epoch"]
             epoch.append(t)
-        for ex in rng.sample(list(world_questions), min(cfg.plan_samples, len(world_questions))):
+        # plan samples teach eq. 2's planning turn, which plan-free RDRA never runs: none are written then
+        n_plans = cfg.plan_samples if builder.rdra.use_plan else 0
+        for ex in rng.sample(list(world_questions), min(n_plans, len(world_questions))):
             t = builder.plan_sample(ex)
             t.epoch = row["epoch"]
             epoch.append(t)
