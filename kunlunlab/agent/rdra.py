@@ -107,9 +107,8 @@ def clip_doc(text: str, max_chars: int) -> str:
 def background_text(plan: str, docs: Sequence, cfg: RDRAConfig) -> str:
     """The ``<background>`` block's content: the plan (none in plan-free RDRA), then the joint context's
     passages."""
-    if not plan.strip():
-        return f"Documents:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
-    return f"Plan:\n{plan.strip()}\n\nDocuments:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
+    documents = f"Documents:\n{numbered_docs([clip_doc(h.contents, cfg.max_doc_chars) for h in docs])}"
+    return f"Plan:\n{plan.strip()}\n\n{documents}" if plan.strip() else documents
 
 
 def plan_prompt_messages(question: str, first_hits: Sequence, cfg: RDRAConfig) -> list[dict]:
