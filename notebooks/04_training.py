@@ -21,9 +21,13 @@
 # | 4 · evaluation after | the same harness, the same held-out questions | `kunlunlab/eval/harness.py` |
 #
 # **What is trained is the whole agent** (`agent.method = "kunlun"`), run in training exactly as it is
-# evaluated: every prompt carries RDRA's background block (§2.1: a plan, then the passages retrieved for the
-# question and for the plan's queries), and STIE (§2.2) watches the answer rounds and appends its feedback
-# when the agent should verify. `agent.method = "agent"` trains the bare search-think protocol instead (the
+# evaluated: every prompt carries RDRA's background block (§2.1: the passages retrieved for the question),
+# and STIE (§2.2) watches the answer rounds and appends its feedback when the agent should verify. The
+# make-run config runs RDRA **plan-free** (`agent.rdra.use_plan = false`, a named departure): the paper's
+# plan (eq. 2) and its second retrieval (eq. 3) are skipped, because the 135M model's plans are often wrong
+# and the model trained on them copies them into its searches (trained at a larger size: 47.0 EM with the
+# plan, 70.0 without, on the same 100 held-out questions; README, "Training"). Set it to `true` (with
+# `mixing.plan_samples`) to train the paper's planning step. `agent.method = "agent"` trains the bare search-think protocol instead (the
 # ablation notebook 06 compares).
 #
 # **Why two stages.** A 135M model does not follow the `<think>`/`<search>`/`<result>`/`<short_answer>`
@@ -85,8 +89,8 @@ before = run.evaluate("before") if cfg.eval.before else {}
 # Notebook 02 explains the schedule: early epochs hold more high-quality trajectories, later ones more noisy
 # ones (a wrong search or a wrong intermediate answer that the trajectory then corrects), so the model first
 # learns the format and then learns to recover. For the whole agent the trajectories also carry RDRA
-# backgrounds built with real retrieval, *plan samples* (the plan prompt → the plan, so the model learns to
-# write RDRA's plan), and STIE feedback rounds (verify with a new search, answer again; in half of them the
+# backgrounds built with real retrieval, *plan samples* when RDRA plans (the plan prompt → the plan, so the
+# model learns to write RDRA's plan; none plan-free), and STIE feedback rounds (verify with a new search, answer again; in half of them the
 # first answer was wrong and is corrected).
 
 # %%
