@@ -232,10 +232,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from kunlunlab.configs import apply_overrides, build_dataclass, read_config_file
-    from kunlunlab.eval.compare import ablation_table, table2
     from kunlunlab.paths import new_run_dir
     from kunlunlab.runner import markdown_table
-    from kunlunlab.suite import SuiteConfig, run_suite
+    from kunlunlab.suite import SuiteConfig, run_suite, suite_tables
 
     try:
         data = read_config_file(args.config, "suite config") if args.config else {}
@@ -255,9 +254,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         result = run_suite(cfg, out / "records", progress=lambda msg: print(msg, flush=True))
     except (FileNotFoundError, ValueError) as err:
         return _fail("suite", err)
-    tables = {"Table 2 (EM / LJ %)": table2(result.records, cfg.method, cfg.baselines, seed=cfg.seed)}
-    for dataset, variants in result.ablations.items():
-        tables[f"ablations on {dataset}"] = ablation_table(variants, cfg.method, seed=cfg.seed)
+    tables = suite_tables(result, cfg)
     lines = []
     for title, (header, rows) in tables.items():
         lines += [f"## {title}", "", *markdown_table(header, rows), ""]

@@ -51,6 +51,7 @@ class SuiteConfig:
     judge_url: str | None = None
     index_kind: str = "flat"
     batch_size: int = 10
+    n_resamples: int = 2000           # paired-bootstrap resamples behind every interval of the tables
     seed: int = 0
 
     def __post_init__(self):
@@ -68,6 +69,27 @@ class SuiteResult:
     summaries: list[dict] = field(default_factory=list)
     router: dict | None = None        # NLR: the router's training summary and its decisions during evaluation
     seconds: float = 0.0
+
+
+TABLE2_TITLE = "Table 2 (EM / LJ %)"
+
+
+def ablation_title(dataset: str) -> str:
+    return f"Ablations on {dataset}"
+
+
+def suite_tables(result: SuiteResult, cfg: SuiteConfig) -> dict[str, tuple[list, list[list]]]:
+    """Title -> (header, rows): Table 2 of every dataset and one ablation table per ablated dataset, each
+    difference with its paired-bootstrap interval. Notebook 06 and ``kunlunlab suite`` both show these, so
+    the two report the same numbers for the same records."""
+    from kunlunlab.eval.compare import ablation_table, table2
+
+    tables = {TABLE2_TITLE: table2(result.records, cfg.method, cfg.baselines, n_resamples=cfg.n_resamples,
+                                   seed=cfg.seed)}
+    for dataset, variants in result.ablations.items():
+        tables[ablation_title(dataset)] = ablation_table(variants, cfg.method, n_resamples=cfg.n_resamples,
+                                                         seed=cfg.seed)
+    return tables
 
 
 def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:

@@ -55,11 +55,10 @@ run_dir = None             # None: a new experiments/runs/<timestamp>-06_evaluat
 import json
 from pathlib import Path
 from IPython.display import HTML, display
-from kunlunlab.eval.compare import ablation_table, table2
 from kunlunlab.eval.metrics import exact_match, f1, normalize_answer
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
 from kunlunlab.training.pipeline import compare_runs
-from kunlunlab.suite import SuiteConfig, run_suite
+from kunlunlab.suite import TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
 from kunlunlab.viz import method_bars, save_figure, table_html
 from kunlunlab.viz.trajectory_browser import (record_html, runs_from_suite, stie_config_for, trajectories_html,
                                               trajectory_browser)
@@ -75,7 +74,7 @@ cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baseli
                   world_questions=world_questions, hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
                   nlr_latency_ms=nlr_latency_ms, judge=judge,
-                  judge_url=judge_url, index_kind=index_kind, seed=seed)
+                  judge_url=judge_url, index_kind=index_kind, n_resamples=n_resamples, seed=seed)
 
 # %% [markdown]
 # ## Run every method on every dataset, then the ablations
@@ -161,10 +160,12 @@ print("judge:", judge or "none configured: LJ is absent")
 #
 # EM and LJ in percent per dataset and method; the last row is `kunlun` minus the best baseline of each
 # dataset (by EM), with its paired-bootstrap 95 % interval and the number of questions
-# (`kunlunlab/eval/compare.py::table2`).
+# (`kunlunlab/eval/compare.py::table2`). `kunlunlab/suite.py::suite_tables` builds this table and the
+# ablation tables below from the records, the same way `kunlunlab suite` does outside Jupyter.
 
 # %%
-header, rows = table2(result.records, cfg.method, cfg.baselines, n_resamples=n_resamples, seed=seed)
+tables = suite_tables(result, cfg)
+header, rows = tables[TABLE2_TITLE]
 display(HTML(table_html(header, rows)))
 summaries = [s for s in result.summaries if s["variant"] in (*cfg.baselines, cfg.method)]
 fig = method_bars(summaries, "em")
@@ -195,10 +196,8 @@ fig
 # training ablations come after the browser: they need a training run each.
 
 # %%
-ablation_rows = {}
-for dataset, variants in result.ablations.items():
-    header_a, rows_a = ablation_table(variants, cfg.method, n_resamples=n_resamples, seed=seed)
-    ablation_rows[dataset] = rows_a
+for dataset in result.ablations:
+    header_a, rows_a = tables[ablation_title(dataset)]
     display(HTML(f"<h4>{dataset}</h4>" + table_html(header_a, rows_a)))
 if result.router:
     print("router during evaluation:", json.dumps(result.router["evaluation"]))
@@ -276,10 +275,9 @@ else:
     print("no training_runs given: the training-ablation table needs one training run per row")
 
 # %%
-tables = {"Table 2 (EM / LJ %)": {"header": header, "rows": rows},
-          **{f"Ablations on {d}": {"header": header_a, "rows": r} for d, r in ablation_rows.items()},
-          **{f"Training ablations on {d}": {"header": header_t, "rows": r} for d, r in training_rows.items()}}
-metrics = {"model": model, "tables": tables, "seconds": result.seconds, "router": result.router,
+tables_out = {title: {"header": h, "rows": r} for title, (h, r) in tables.items()}
+tables_out.update({f"Training ablations on {d}": {"header": header_t, "rows": r} for d, r in training_rows.items()})
+metrics = {"model": model, "tables": tables_out, "seconds": result.seconds, "router": result.router,
            "summaries": [{k: s.get(k) for k in ("dataset", "variant", "n", "em", "f1", "lj", "em_tagged", "em_fallback",
                                                 "searches_per_question", "seconds_per_question")}
                          for s in result.summaries]}

@@ -149,6 +149,7 @@ def test_suite_writes_table2_and_ablations_from_the_records(tmp_path, monkeypatc
     assert seen["cfg"].world_questions == 7 and seen["cfg"].baselines == ("naive_rag",)
     assert seen["cfg"].model == str(checkpoint)
     tables = (out / "tables.md").read_text()
+    assert "## Table 2 (EM / LJ %)" in tables and "## Ablations on world" in tables  # notebook 06's titles
     assert "| naive_rag | 0.0 | – |" in tables and "| kunlun | 50.0 | – |" in tables
     assert "| −RDRA | 4 | 25.0 | 25.0 | 2.0 | -25.0 [" in tables
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -29,3 +29,34 @@ def test_world_questions_are_the_training_configs_held_out_split(tmp_path):
     train = {q.question for q in load_training_data(load_config(config)).train}
     assert len(questions) == 12 and not train & {q.question for q in questions}
     assert len(passages) == 600
+
+
+def _records(ems: list[float]) -> list[dict]:
+    return [{"id": f"q{i}", "em": em, "f1": em, "lj": None, "searches": 2} for i, em in enumerate(ems)]
+
+
+def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
+    """The tables notebook 06 shows and `kunlunlab suite` writes (one function behind both): values are
+    the hand-computed means of the records."""
+    from kunlunlab.suite import TABLE2_TITLE, SuiteConfig, SuiteResult, ablation_title, suite_tables
+
+    result = SuiteResult()
+    result.records = {"world": {"naive_rag": _records([0, 0, 1, 0]), "ircot": _records([1, 0, 1, 0]),
+                                "kunlun": _records([1, 1, 1, 0])},
+                      "bamboogle": {"naive_rag": _records([0, 0]), "ircot": _records([0, 0]),
+                                    "kunlun": _records([1, 0])}}
+    result.ablations = {"world": {"kunlun": result.records["world"]["kunlun"], "−STIE": _records([0, 1, 1, 0])}}
+    cfg = SuiteConfig(baselines=("naive_rag", "ircot"), n_resamples=300)
+    tables = suite_tables(result, cfg)
+    assert list(tables) == [TABLE2_TITLE, ablation_title("world")] == ["Table 2 (EM / LJ %)", "Ablations on world"]
+    header, rows = tables[TABLE2_TITLE]
+    assert header == ["method", "world EM", "world LJ", "bamboogle EM", "bamboogle LJ"]
+    assert rows[:3] == [["naive_rag", 25.0, "–", 0.0, "–"], ["ircot", 50.0, "–", 0.0, "–"],
+                        ["kunlun", 75.0, "–", 50.0, "–"]]
+    assert rows[3][1].startswith("+25.0 [") and rows[3][1].endswith("n=4") and rows[3][2] == "vs ircot"
+    _, ablation_rows = tables[ablation_title("world")]
+    assert [row[0] for row in ablation_rows] == ["kunlun", "−STIE"]
+    assert ablation_rows[1][:5] == ["−STIE", 4, 50.0, 50.0, 2.0]
+    # only question 0 differs (1 -> 0): Δ = -25 points, and no resample can rise above 0
+    assert ablation_rows[1][5].startswith("-25.0 [") and ablation_rows[1][5].endswith(", +0.0]")
+    assert ablation_rows[1][6] == "no measurable effect at this scale"
