@@ -27,8 +27,8 @@
 # plan (eq. 2) and its second retrieval (eq. 3) are skipped, because the 135M model's plans are often wrong
 # and the model trained on them copies them into its searches (trained at a larger size: 47.0 EM with the
 # plan, 70.0 without, on the same 100 held-out questions; README, "Training"). Set it to `true` (with
-# `mixing.plan_samples`) to train the paper's planning step. `agent.method = "agent"` trains the bare search-think protocol instead (the
-# ablation notebook 06 compares).
+# `mixing.plan_samples`) to train the paper's planning step. `agent.method = "agent"` trains the bare
+# search-think protocol instead (the ablation notebook 06 compares).
 #
 # **Why two stages.** A 135M model does not follow the `<think>`/`<search>`/`<result>`/`<short_answer>`
 # protocol on its own (format compliance before training is about 0 %), and RL cannot reward a protocol it
@@ -90,8 +90,8 @@ before = run.evaluate("before") if cfg.eval.before else {}
 # ones (a wrong search or a wrong intermediate answer that the trajectory then corrects), so the model first
 # learns the format and then learns to recover. For the whole agent the trajectories also carry RDRA
 # backgrounds built with real retrieval, *plan samples* when RDRA plans (the plan prompt → the plan, so the
-# model learns to write RDRA's plan; none plan-free), and STIE feedback rounds (verify with a new search, answer again; in half of them the
-# first answer was wrong and is corrected).
+# model learns to write RDRA's plan; none plan-free), and STIE feedback rounds (verify with a new search,
+# answer again; in half of them the first answer was wrong and is corrected).
 
 # %%
 trajectories = run.mix()

@@ -20,12 +20,12 @@ default, make run's training config is plan-free): eqs. (2)-(3) are skipped, the
 200 held-out world questions, records in ``experiments/results/gpu_g192``) the kunlun-trained 135M model
 copied its own plan's questions into its searches, and its plans are often wrong ("Who founded X? Who
 married X?" for a nationality comparison), so the trained whole method scored 48.5 EM against the plain
-agent's 71.0. Trained and evaluated
-plan-free (CPU G192, 3 background passages; experiments/results/planfree_192_2wiki) it scored 70.0 on 100
-held-out world questions against 47.0 with the plan and 77.0 for the plain agent (paired Δ −7.0 [−15, +1]),
-and 25.0 on 20 held-out HotpotQA questions against 20.0 and 15.0 (README, Training). At make run's smaller
-size the two forms do not differ measurably (paired, same machine: planned 32.5 vs plan-free 27.5 on 40
-held-out world questions, Δ +5.0 [−12.5, +25.0]; HotpotQA 15.0 vs 20.0, n = 20).
+agent's 71.0. Trained and evaluated plan-free (CPU G192, 3 background passages;
+experiments/results/planfree_192_2wiki) it scored 70.0 on 100 held-out world questions against 47.0 with
+the plan and 77.0 for the plain agent (paired Δ −7.0 [−15, +1]), and 25.0 on 20 held-out HotpotQA
+questions against 20.0 and 15.0 (README, Training). At make run's smaller size the two forms do not
+differ measurably (paired, same machine: planned 32.5 vs plan-free 27.5 on 40 held-out world questions, Δ
++5.0 [−12.5, +25.0]; HotpotQA 15.0 vs 20.0, n = 20).
 
 Everything is batched: one retrieval call per stage and one generation call for all plans. Training
 data (:mod:`kunlunlab.training.mixing`) composes its backgrounds with :func:`joint_context` and
