@@ -1,7 +1,7 @@
 """The local KV-cached backend against itself and the OpenAI-compatible backend against the local server."""
 import pytest
 
-from kunlunlab.agent.backends import OpenAIBackend, chat_prompt_ids, generate_once, text_ids
+from kunlunlab.agent.backends import OpenAIBackend, _shared_prefix_length, chat_prompt_ids, generate_once, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.server import create_app
@@ -18,6 +18,7 @@ def prompts(backend):
 def test_batched_greedy_equals_one_prompt_at_a_time_and_hf_generate(backend, prompts):
     import torch
 
+    assert _shared_prefix_length(prompts) > 32  # the system prompt is prefilled once for the batch
     batched = generate_once(backend, prompts, 24, stop=())
     for prompt, seg in zip(prompts, batched):
         alone = generate_once(backend, [prompt], 24, stop=())[0]
@@ -66,3 +67,22 @@ def test_openai_backend_reports_a_dead_server_clearly(backend):
     remote = OpenAIBackend(f"http://127.0.0.1:{free_port()}", backend.name, retries=0, timeout=2)
     with pytest.raises(GenerationServiceError, match="generation server"):
         generate_once(remote, [[1, 2, 3]], 4)
+
+
+def test_decode_steps_write_into_the_cache_in_place(backend, prompts):
+    """A decode step appends one column to each layer's buffer instead of copying the whole cache (torch.cat)."""
+    session = backend.open(prompts)
+    session.generate([0, 1, 2], 1, stop=())  # the first step grows the prefill-sized buffer once
+    layer = session.cache.layers[0]
+    buffer, filled = layer._k.data_ptr(), layer.keys.shape[-2]
+    assert layer._k.shape[-2] > filled + 8  # spare room
+    steps = max(len(seg.token_ids) for seg in session.generate([0, 1, 2], 8, stop=()).values())
+    assert steps > 1 and layer._k.data_ptr() == buffer and layer.keys.shape[-2] == filled + steps
+
+
+def test_shared_prefix_keeps_one_own_token_per_prompt_and_skips_short_ones():
+    long = list(range(100))
+    assert _shared_prefix_length([long + [7, 8], long + [9]]) == 100
+    assert _shared_prefix_length([long, long + [5]]) == 99  # the shorter prompt keeps its last token
+    assert _shared_prefix_length([long[:31] + [1], long[:31] + [2]]) == 0  # under 32 tokens: not worth a call
+    assert _shared_prefix_length([long + [1]]) == 0  # a single prompt

@@ -321,7 +321,9 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
     from trl import GRPOTrainer
 
     from kunlunlab.training.rewards import reward_functions
+    from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
 
+    score_labelled_positions_on_cpu()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,9 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
+    from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
+
+    score_labelled_positions_on_cpu()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,

@@ -1,0 +1,37 @@
+"""One switch in TRL's fused LM head for CPU training (SFT and DAPO stages).
+
+TRL's trainers project the hidden states through the LM head in tiles (``trl.trainer.utils.add_fused_lm_head``)
+and score only the positions that carry a label, but only on CUDA/XPU: elsewhere every position is scored
+(its comment: on Neuron the number of labelled positions would change the tile shapes and recompile). On a
+CPU in eager mode nothing recompiles, and scoring the prompt and the masked ``<result>`` and feedback tokens too
+made the head half of an SFT step: 6 SFT steps on make run's trajectories (batch 4, ~720 tokens each,
+SmolLM2-135M in float32, 2-core Xeon) took 89.5 s with TRL's CPU path and 51.2 s scoring labelled positions
+only (2026-11-25). The values are the same: TRL zeroes the unlabelled positions on both paths
+(tests/test_trl_cpu.py checks loss and gradients against TRL's own path).
+"""
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def score_labelled_positions_on_cpu() -> bool:
+    """Makes TRL's fused LM head score only labelled positions on CPU too (idempotent). Returns whether the switch
+    is in place; with a TRL that no longer has it, logs a warning and leaves TRL as it is (slower, same values)."""
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None or not callable(original):
+        log.warning("trl.trainer.utils._use_triton not found (TRL changed): the fused LM head scores every position "
+                    "on CPU, SFT and DAPO steps will be slower")
+        return False
+    if getattr(original, "labelled_positions_on_cpu", False):
+        return True
+
+    def compact_on_cpu(device) -> bool:
+        return device.type == "cpu" or original(device)
+
+    compact_on_cpu.labelled_positions_on_cpu = True
+    trl_utils._use_triton = compact_on_cpu
+    return True
