@@ -45,6 +45,7 @@ model = None              # the trained checkpoint (make run passes notebook 04'
 train_config = "experiments/configs/training/train_embedded_cpu.json"  # its held-out split gives the questions
 n_questions = 24          # held-out synthetic-world questions whose rounds the model generates
 rounds = 5                # answer rounds generated per question (STIEConfig().max_rounds: K = 3 blocking can act)
+batch_size = 24           # questions per generation batch (one batch: 3 batches of 8 took longer on 2 cores)
 index_kind = None         # retrieval index; None: the training config's (as the model was trained)
 simulated_questions = 200 # size of the labelled loop simulation
 seed = 0
@@ -184,7 +185,7 @@ train_cfg = load_config(PROJECT_ROOT / train_config)
 held = heldout_examples(replace(train_cfg, hotpot=False), n_questions, 0)
 examples, world = held.heldout, held.world
 common = dict(dataset="world", limit=len(examples), index_kind=index_kind or train_cfg.index_kind,
-              embedder=train_cfg.embedder, judge="none", seed=seed,
+              embedder=train_cfg.embedder, judge="none", seed=seed, batch_size=batch_size,
               method="kunlun", use_stie=True,  # the rounds are STIE's: the method must run it
               stie=STIEConfig(max_rounds=rounds), stie_collect=True)
 if model is not None:
