@@ -26,7 +26,10 @@ def test_labelled_positions_only_gives_trl_s_loss_gradients_and_metrics(monkeypa
 
     from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
 
-    monkeypatch.setattr(trl_utils, "_use_triton", trl_utils._use_triton)  # restored after the test
+    from trl.kernels import chunked_logprob
+
+    # TRL's own switch, whether or not a training test in this process already replaced it (restored after)
+    monkeypatch.setattr(trl_utils, "_use_triton", chunked_logprob._use_triton)
     assert not trl_utils._use_triton(torch.device("cpu"))  # TRL itself scores every position on CPU
 
     ids = torch.randint(0, 300, (2, 12))
