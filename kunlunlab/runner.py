@@ -131,7 +131,9 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
     series studies the trained agent and compares the other recipes from the same SFT checkpoint."""
     from kunlunlab.training.pipeline import trained_model
 
-    run_dir = Path(out_dir) if out_dir else new_run_dir()
+    # absolute: the notebooks run with notebooks/ as their working directory, where a relative run folder
+    # would land otherwise
+    run_dir = Path(out_dir).resolve() if out_dir else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     trained: Path | None = None

@@ -47,7 +47,10 @@ mcts_iterations = 3       # selections per tree
 children_per_node = 3     # sampled steps per expansion
 dpo_learning_rate = 5e-6  # ReasonRAG's DPO stage
 budget_weight = 0.5       # FrugalRAG: w_budget, the weight of the search-budget term in the DAPO reward
+budget_extra = "past_stop"  # which searches the budget term charges: "past_stop" (FrugalRAG's) or "redundant"
 dapo_steps = 2            # DAPO + budget's optimizer steps (notebook 04's DAPO has 4; make run's size, see the README)
+dapo_learning_rate = None   # None: the config's (dapo.learning_rate); set, it applies to both DAPO variants
+sft_overrides = {}        # without ref_run: config overrides of the SFT trained here, shared by every variant
 variant_hotpot = False    # also evaluate the variants on the held-out HotpotQA questions (about 2 min more each)
 smoke = False
 run_dir = None            # None: a new experiments/runs/<timestamp>-07_process_rewards folder
@@ -68,6 +71,9 @@ from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair
 
 if smoke:
     prl_questions, mcts_iterations, children_per_node, dapo_steps = 2, 2, 2, 1
+if ref_run and (sft_overrides or dapo_learning_rate is not None):
+    raise ValueError("sft_overrides and dapo_learning_rate shape the SFT and DAPO trained here: pass them without "
+                     "ref_run (whose SFT and DAPO are fixed)")
 n_resamples = 200 if smoke else 2000
 run_dir = notebook_run_dir(run_dir, "07_process_rewards")
 FOLDERS = {"SFT only": "sft_only", "DAPO": "dapo", "ReasonRAG": "reasonrag", "DAPO + budget": "dapo_budget"}
@@ -87,7 +93,7 @@ print("run folder:", run_dir)
 # here, with the same config and no DAPO.
 
 # %%
-base_overrides = {"dapo.enabled": False, "eval.before": False}
+base_overrides = {**sft_overrides, "dapo.enabled": False, "eval.before": False}
 if ref_run:
     ref = Path(ref_run)
     if not ref.is_absolute() and not ref.exists():
@@ -123,7 +129,9 @@ else:
     sft_final = base_dir / "sft" / "final"
     folders["SFT only"] = base_dir
     notes["SFT only"] = "the SFT run trained here, evaluated right after SFT"
-common = {"model": str(sft_final.resolve()), "sft.enabled": False, "eval.before": False}
+common = {**sft_overrides, "model": str(sft_final.resolve()), "sft.enabled": False, "eval.before": False}
+if dapo_learning_rate is not None:
+    common["dapo.learning_rate"] = dapo_learning_rate
 if not variant_hotpot:  # world only: the HotpotQA comparison is skipped (no held-out HotpotQA records)
     common["eval.hotpot_questions"] = 0
 print("SFT checkpoint:", sft_final)
@@ -256,9 +264,19 @@ print(json.dumps(mcts_stats, indent=1))
 #
 # and is left out for a question without gold passage ids. (The paper's exact formula is not reproduced; this
 # is the shape its text describes.) Everything else is the DAPO run above.
+#
+# `budget_extra = "redundant"` (a departure) charges $\lambda$ for every search that raised the recall of no gold
+# passage, $e = |\{k \ge 1 : R_k \le R_{k-1}\}|$ instead of $n - k^\star$: with RDRA's background the agent
+# also wastes searches *before* the optimal stop, re-searching a page the background already shows (a third of
+# all searches of make run's SFT checkpoint), which FrugalRAG's $n - k^\star$ never charges. The cost table
+# below has both counts per variant. A policy can only learn to skip such a search if its SFT data ever skip
+# one: `sft_overrides = {"mixing.background_facts": 0.5}` (without `ref_run`) trains the shared SFT checkpoint
+# with half of the questions read from the background, FrugalRAG's first stage in spirit (both behaviours in
+# the policy), and the budget reward then chooses between them.
 
 # %%
-add_variant("DAPO + budget", {"rewards.w_budget": budget_weight, "dapo.steps": dapo_steps})
+add_variant("DAPO + budget", {"rewards.w_budget": budget_weight, "rewards.budget_extra": budget_extra,
+                              "dapo.steps": dapo_steps})
 
 # %% [markdown]
 # ## The comparison: accuracy on the held-out questions, against DAPO
@@ -286,7 +304,9 @@ for dataset, title in (("world", "synthetic world"), ("hotpotqa_distractor", "Ho
 # ## What each variant costs
 #
 # `kunlunlab/training/comparison.py::cost_table`, from each run folder: searches (all of them, and the
-# **agent's own**: less the queries RDRA sends before the first turn, which no reward can cut) and **generated tokens per
+# **agent's own**: less the queries RDRA sends before the first turn, which no reward can cut; those **past the
+# optimal stop** $n - k^\star$, what FrugalRAG's term charges; and the **redundant** ones, which raised the recall
+# of no gold passage, before or after the stop) and **generated tokens per
 # question** at inference on the held-out world questions (the agent's own tokens: the trajectory's mask, so
 # `<result>` blocks and STIE's feedback do not count, nor RDRA's plan), and the **training seconds after
 # SFT** (every stage but SFT in `state.json`; ReasonRAG's include its tree search, shown separately; a search
@@ -365,7 +385,8 @@ def variant_numbers(name: str) -> dict:
 metrics = {"ref_run": str(ref_run) if ref_run else None, "sft_checkpoint": str(sft_final),
            "parameters": {"prl_questions": prl_questions, "mcts_iterations": mcts_iterations,
                           "children_per_node": children_per_node, "dpo_learning_rate": dpo_learning_rate,
-                          "budget_weight": budget_weight, "dapo_steps": dapo_steps},
+                          "budget_weight": budget_weight, "budget_extra": budget_extra, "dapo_steps": dapo_steps,
+                          "dapo_learning_rate": dapo_learning_rate, "sft_overrides": sft_overrides},
            "tables": tables, "variants": {name: variant_numbers(name) for name in folders},
            "untrained": untrained, "mcts": mcts_stats, "preference_pairs": stats}
 (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))

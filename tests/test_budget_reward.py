@@ -7,6 +7,7 @@ import pytest
 
 from kunlunlab.agent.rollout import RolloutConfig, Trajectory
 from kunlunlab.training.config import DAPOStageConfig
+from kunlunlab.eval.metrics import optimal_stop, recall_by_search
 from kunlunlab.training.rewards import RewardConfig, budget_score, reward_functions, score
 
 
@@ -21,6 +22,30 @@ from kunlunlab.training.rewards import RewardConfig, budget_score, reward_functi
 ])
 def test_budget_score_rewards_stopping_at_the_first_search_with_all_evidence(searches, background, want):
     assert math.isclose(budget_score(searches, ["a", "b"], background, penalty=0.25), want)
+
+
+def test_recall_curve_and_optimal_stop():
+    # background holds "a"; the 1st search repeats it, the 2nd finds "b", the 3rd finds nothing new
+    curve = recall_by_search([["a"], ["b", "x"], ["c"]], {"a", "b"}, ["a", "y"])
+    assert curve == [0.5, 0.5, 1.0, 1.0] and optimal_stop(curve) == 2  # one search past the stop
+    assert optimal_stop(recall_by_search([["c"], ["d"]], {"a", "b"}, ["a", "b"])) == 0  # background had all
+    assert optimal_stop([0.0, 0.5, 0.5]) == 1 and recall_by_search([["a"]], []) is None
+    assert recall_by_search([], {"a"}) == [0.0]
+
+
+@pytest.mark.parametrize("searches, background, past_stop, redundant", [
+    ([["a"], ["b"]], ["a"], 1.0, 0.75),          # re-searched the background's "a", then found "b"
+    ([["b"]], ["a"], 1.0, 1.0),                  # read "a" from the background, searched only "b"
+    ([["c"], ["a"], ["b"]], None, 1.0, 0.75),    # one search found nothing, before the optimal stop
+    ([["a"], ["b"], ["b"]], None, 0.75, 0.75),   # past the stop: extra under both readings
+    ([["a"], ["a"]], None, -0.75, -0.75),        # incomplete: -0.5 missing, one extra search
+])
+def test_redundant_reading_also_charges_searches_before_the_optimal_stop(searches, background, past_stop,
+                                                                          redundant):
+    assert math.isclose(budget_score(searches, ["a", "b"], background, 0.25, "past_stop"), past_stop)
+    assert math.isclose(budget_score(searches, ["a", "b"], background, 0.25, "redundant"), redundant)
+    with pytest.raises(ValueError, match="budget_extra must be one of"):
+        RewardConfig(budget_extra="all")
 
 
 def test_budget_score_is_absent_without_gold_passages():
@@ -42,7 +67,7 @@ def test_rollout_hands_each_trajectory_its_budget_score(backend):
     from kunlunlab.training.dapo import SearchRollout
 
     answer = "<think>so</think><short_answer>\\boxed{gold}</short_answer>"
-    docs = {"q0": [["p1"], ["p2"]], "q1": [["p1"], ["p2"], ["p9"]]}
+    docs = {"q0": [["p1"], ["p2"]], "q1": [["p1"], ["p2"], ["p9"]], "q2": [["p1"], ["p1"], ["p2"]]}
 
     class Scripted(SearchRollout):
         def _backend(self, trainer, model):
@@ -57,12 +82,18 @@ def test_rollout_hands_each_trajectory_its_budget_score(backend):
                 out.append(t)
             return out
 
-    rollout = Scripted(None, backend.tokenizer, {"q0": ["gold"], "q1": ["gold"]}, RolloutConfig(),
-                       DAPOStageConfig(dynamic_sampling=False), RewardConfig(w_budget=1.0),
-                       supporting={"q0": ["p1", "p2"], "q1": ["p1", "p2"]})
     model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
     trainer = SimpleNamespace(num_generations=1, model=model, state=SimpleNamespace(global_step=0),
                               args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    golds = {q: ["gold"] for q in docs}
+    supporting = {q: ["p1", "p2"] for q in docs}
+    rollout = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
+                       RewardConfig(w_budget=1.0), supporting=supporting)
     out = rollout(["q0", "q1"], trainer)
     assert out["budget"] == [1.0, 0.75]
     assert math.isclose(rollout.history[-1]["budget"], 0.875)
+    # the rewards' budget_extra reaches the rollout: q2's 2nd search repeats p1, before the optimal stop
+    for extra, want in (("past_stop", [0.75, 1.0]), ("redundant", [0.75, 0.75])):
+        r = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
+                     RewardConfig(w_budget=1.0, budget_extra=extra), supporting=supporting)
+        assert r(["q1", "q2"], trainer)["budget"] == want

@@ -8,7 +8,8 @@ import pytest
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
-                                    load_agent_settings, make_judge_backend, agent_searches, router_summary, summarize,
+                                    load_agent_settings, make_judge_backend, agent_searches, router_summary,
+                                    redundant_searches, searches_past_stop, summarize, title_recall_curve,
                                     with_checkpoint_settings)
 from kunlunlab.eval.stats import paired_bootstrap, paired_records
 
@@ -83,6 +84,22 @@ def test_summary_counts_the_agents_own_searches_apart_from_rdra():
     assert agent_searches(whole) == 2 and agent_searches(plain) == 2 and agent_searches({"searches": None}) is None
     s = summarize([whole, plain])
     assert s["searches_per_question"] == 3.5 and s["agent_searches_per_question"] == 2.0
+
+
+def test_recall_curve_by_title_and_searches_past_the_optimal_stop():
+    titles = {"d1": "Alpha", "d2": "Beta", "d3": "Gamma", "d4": "alpha"}
+    trajectory = {"rdra": {"doc_ids": ["d3", "d1"]}, "doc_ids": [["d4"], ["d2"], ["d3"], ["d1"]]}
+    curve = title_recall_curve(trajectory, titles, ["Alpha", "Beta"])  # "alpha" is Alpha after normalising
+    assert curve == [0.5, 0.5, 1.0, 1.0, 1.0]
+    record = _record(1.0, "answer_tag") | {"searches": 5, "recall_by_search": curve}
+    assert searches_past_stop(record) == 2  # the 3rd and 4th searches came after all the evidence
+    assert redundant_searches(record) == 3  # ... and the 1st found only Alpha, which the background showed
+    plain = title_recall_curve({"doc_ids": [["d3"], ["d1"]]}, titles, ["Alpha"])
+    assert plain == [0.0, 0.0, 1.0] and searches_past_stop({"recall_by_search": plain}) == 0
+    assert title_recall_curve({"steps": []}, titles, ["Alpha"]) is None  # a baseline keeps no per-search ids
+    assert title_recall_curve(trajectory, titles, []) is None and searches_past_stop(_record(1.0)) is None
+    s = summarize([record, _record(0.0, "answer_tag")])
+    assert s["past_stop_per_question"] == 2.0 and s["redundant_per_question"] == 3.0  # means over curves
 
 
 def test_summary_of_baselines_has_no_tagged_em():

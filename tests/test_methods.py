@@ -33,6 +33,11 @@ def test_method_end_to_end_on_world_questions(method, backend, world, questions,
     if method in ("search_o1", "agent", "kunlun"):
         t = records[0]["trajectory"]
         assert len(t["mask"]) == len(t["completion_ids"]) and t["answer_source"] in ("answer_tag", "fallback")
+        for r in records:  # the recall curve: R_0 (RDRA's background, or nothing) and one point per search
+            assert len(r["recall_by_search"]) == 1 + len(r["trajectory"]["doc_ids"])
+            assert r["recall_by_search"][-1] == r["retrieval_recall"]  # everything retrieved, counted twice
+    else:
+        assert all(r["recall_by_search"] is None for r in records)  # baselines keep no per-search ids
 
 
 def test_judge_rules_cache_and_model_verdicts(backend, tmp_path):

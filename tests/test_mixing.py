@@ -323,6 +323,38 @@ def test_background_facts_reads_a_hop_the_background_shows_instead_of_searching_
     assert sum(row["completion_mask"]) > 0 and parse_completion(direct.text).answer == ex.answers[0]
 
 
+def test_background_facts_as_a_share_reads_the_background_for_that_share_of_questions(world, questions):
+    """A share applies the option to about that share of the questions, the same ones every time, and
+    draws nothing from the mixing's random stream (a share of 0 gives the default data exactly)."""
+    from kunlunlab.agent.rdra import RDRAConfig
+    from kunlunlab.retrieval.retriever import Hit
+
+    by_id = {p.id: p for p in world.passages}
+
+    chains = [q for q in questions if q.type in ("compositional", "inference", "bridge")][:40]
+    shows = {q.question: [h.passage_id for h in q.chain] for q in chains}  # a question's background: its chain
+    shows |= {h.question: [h.passage_id] for q in chains for h in q.chain}  # a hop's search: its own page
+
+    def everything(queries, k):
+        return [[Hit(i, by_id[i].contents, 1.0, by_id[i].title) for i in shows[q]] for q in queries]
+
+    rdra = RDRAConfig(background_k=4, plan_k=1, max_docs=4, use_plan=False)
+
+    def searches(share, rng_seed=0):
+        b = TrajectoryBuilder(everything, world.passages,
+                              MixingConfig(top_k=1, rdra_background=True, background_facts=share), rdra)
+        return [b.world(q, rho=0.0, rng=random.Random(rng_seed)).searches for q in chains]
+
+    none, half, full = searches(0.0), searches(0.5), searches(True)
+    assert all(n > 0 for n in none) and sum(full) == 0  # True reads as share 1
+    read = [h == 0 for h in half]
+    assert 0.25 * len(chains) <= sum(read) <= 0.75 * len(chains)
+    assert [h == n for h, n, r in zip(half, none, read) if not r] == [True] * (len(chains) - sum(read))
+    assert searches(0.5, rng_seed=7) == half  # the same questions, whatever the random stream
+    with pytest.raises(ValueError, match="background_facts must lie in"):
+        MixingConfig(background_facts=1.5)
+
+
 def test_background_facts_on_a_real_bridge_question_searches_only_the_page_the_background_lacks():
     from kunlunlab.agent.rdra import RDRAConfig
     from kunlunlab.data import Passage, QAExample

@@ -61,3 +61,23 @@ def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks
     got = {r["notebook"]: r["metrics"] for r in summary["notebooks"] if r["metrics"]}
     assert got["05_stie_tuning"] == {"model": str(tmp_path / "run" / "04_training" / "dapo" / "final"), "ref_run": None}
     assert got["07_process_rewards"]["ref_run"] == str(tmp_path / "run" / "04_training")
+
+
+def test_a_relative_run_folder_is_the_callers_not_the_notebooks(tmp_path, monkeypatch):
+    """The notebooks execute in notebooks/; a relative ``--out`` is resolved where the command was given."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"),
+                nbformat.v4.new_code_cell("import json\nfrom pathlib import Path\n"
+                                          "(Path(run_dir) / 'metrics.json').write_text(json.dumps({'run_dir': run_dir}))")]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "nbs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "99_where.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+    monkeypatch.chdir(tmp_path)
+    summary = runner.run_notebooks(out_dir="rel/run", smoke=True)
+    assert summary["ok"], summary
+    assert (tmp_path / "rel" / "run" / "99_where" / "metrics.json").is_file()
+    assert summary["notebooks"][0]["metrics"] == {"run_dir": str(tmp_path / "rel" / "run" / "99_where")}

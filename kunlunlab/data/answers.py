@@ -74,3 +74,27 @@ def retrieval_recall(retrieved_titles: Iterable[str], gold_titles: Sequence[str]
         return None
     seen = {normalize_answer(t) for t in retrieved_titles}
     return sum(normalize_answer(t) in seen for t in gold_titles) / len(gold_titles)
+
+
+def recall_by_search(searches: Sequence[Iterable[str]], gold: Iterable[str],
+                     background: Iterable[str] = ()) -> list[float] | None:
+    """The recall of the gold evidence after each search: ``[R_0, R_1, …, R_n]`` where ``R_0`` counts the
+    ``background`` alone (RDRA's documents, retrieved before the agent's first turn; empty without RDRA)
+    and ``R_k`` everything retrieved up to the agent's k-th search. Items are compared as given (passage
+    ids, or titles after :func:`normalize_answer`); None when there is no gold."""
+    gold = set(gold)
+    if not gold:
+        return None
+    seen = set(background)
+    curve = [len(seen & gold) / len(gold)]
+    for found in searches:
+        seen |= set(found)
+        curve.append(len(seen & gold) / len(gold))
+    return curve
+
+
+def optimal_stop(curve: Sequence[float]) -> int:
+    """FrugalRAG's optimal stop (arXiv 2507.07634) of one trajectory: the first search ``k*`` after which
+    the recall curve (:func:`recall_by_search`) is at its maximum; ``len(curve) - 1 - k*`` searches came
+    after it and retrieved no further evidence."""
+    return list(curve).index(max(curve))

@@ -61,7 +61,8 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
-from kunlunlab.eval.metrics import cover_em, exact_match, f1, retrieval_recall
+from kunlunlab.eval.metrics import (cover_em, exact_match, f1, normalize_answer, optimal_stop, recall_by_search,
+                                    retrieval_recall)
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 TAGGED, FALLBACK = "answer_tag", "fallback"
@@ -343,6 +344,7 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
                 "acc": cover_em(o.prediction, ex.answers), "lj": None,
                 "answer_source": o.trajectory.get("answer_source", FALLBACK),
                 "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
+                "recall_by_search": title_recall_curve(o.trajectory, titles, ex.supporting_titles),
                 "searches": o.searches, "seconds": per_question, "type": ex.type, "trajectory": o.trajectory})
     bar.close()
     if judge_backend is None:
@@ -388,6 +390,42 @@ def answer_source(record: dict) -> str:
     return source
 
 
+def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) -> list[float] | None:
+    """The recall of the gold supporting titles after RDRA's background (R_0) and after each of the agent's
+    searches (``trajectory["doc_ids"]``, one list per search): :func:`~kunlunlab.eval.metrics.recall_by_search`
+    on normalised titles. None without gold titles or a per-search record (the baselines keep none)."""
+    searches = trajectory.get("doc_ids") if isinstance(trajectory, dict) else None
+    if not gold_titles or not isinstance(searches, list) or not all(isinstance(ids, list) for ids in searches):
+        return None
+    background = (trajectory.get("rdra") or {}).get("doc_ids") or []
+
+    def names(ids):
+        return [normalize_answer(titles.get(d, "")) for d in ids]
+
+    return recall_by_search([names(ids) for ids in searches], {normalize_answer(t) for t in gold_titles},
+                            names(background))
+
+
+def searches_past_stop(record: dict) -> int | None:
+    """The agent's searches after FrugalRAG's optimal stop (:func:`~kunlunlab.eval.metrics.optimal_stop`):
+    searches that retrieved no gold evidence the trajectory did not already have, and that a perfect
+    search-budget policy would not have made. None for a record without a recall curve."""
+    curve = record.get("recall_by_search")
+    if not curve:
+        return None
+    return len(curve) - 1 - optimal_stop(curve)
+
+
+def redundant_searches(record: dict) -> int | None:
+    """The agent's searches that raised the recall of no gold passage (before or after the optimal stop:
+    a search repeating what RDRA's background already showed, or one that found nothing of the evidence).
+    None for a record without a recall curve."""
+    curve = record.get("recall_by_search")
+    if not curve:
+        return None
+    return sum(1 for before, after in zip(curve, curve[1:]) if after <= before)
+
+
 def agent_searches(record: dict) -> int | None:
     """The searches the agent chose itself: ``searches`` less the queries RDRA sent before the first turn
     (``trajectory.rdra.searches``; the whole agent counts both in ``searches``). A search-budget reward
@@ -420,7 +458,10 @@ def summarize(records: list[dict]) -> dict:
             "n_tagged": len(tagged), "n_fallback": len(fallback),
             "tagged_share": round(len(tagged) / n, 4) if n else None,
             "searches_per_question": mean("searches"), "agent_searches_per_question": _mean_of(
-                [agent_searches(r) for r in records]), "seconds_per_question": mean("seconds")}
+                [agent_searches(r) for r in records]),
+            "past_stop_per_question": _mean_of([searches_past_stop(r) for r in records]),
+            "redundant_per_question": _mean_of([redundant_searches(r) for r in records]),
+            "seconds_per_question": mean("seconds")}
 
 
 def _mean_of(values: list) -> float | None:

@@ -3,8 +3,13 @@
 
 Per variant (a training run folder):
 
-* **searches / question** and **generated tokens / question** on the held-out questions of the evaluation
-  after training (``eval_after_{world,hotpot}.jsonl``). Generated tokens are the agent's own tokens in its
+* **searches / question**, the **searches past the optimal stop** (FrugalRAG's: searches after the last
+  one that retrieved new gold evidence, :func:`~kunlunlab.eval.harness.searches_past_stop`, what a
+  search-budget reward can cut without losing evidence), the **redundant searches** (every search that
+  raised the recall of no gold passage, :func:`~kunlunlab.eval.harness.redundant_searches`: those past the
+  stop and those before it, e.g. a search for what RDRA's background already showed) and **generated
+  tokens / question** on the held-out questions of the evaluation after training
+  (``eval_after_{world,hotpot}.jsonl``). Generated tokens are the agent's own tokens in its
   turns: the sum of the trajectory's ``mask`` (1 for a sampled token, 0 for the prompt, ``<result>`` blocks
   and STIE's feedback). RDRA's plan, generated before the rollout, is not in the mask and is not counted.
 * **training seconds after SFT**: every stage in ``state.json``'s ``seconds`` but ``sft`` (variants that
@@ -21,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from kunlunlab.eval.harness import agent_searches
+from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_past_stop
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
 # the keys that decide which held-out questions a run is evaluated on (load_training_data)
@@ -31,7 +36,7 @@ HELDOUT_KEYS = ("world_passages", "world_seed", "train_questions", "question_see
 # (eval.hotpot_questions: a variant may skip the HotpotQA held-out set; with fewer but not zero questions
 # compare_runs refuses the pair, since the question ids differ)
 VARIANT_KEYS = ("model", "sft.enabled", "eval.before", "prl", "dapo.enabled", "dapo.steps", "rewards.w_budget",
-                "eval.hotpot_questions")
+                "rewards.budget_extra", "eval.hotpot_questions")
 
 
 def generated_tokens(record: dict) -> int | None:
@@ -53,8 +58,9 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
-    """One run folder's cost: held-out ``n``, searches (all, and the agent's own: less RDRA's background
-    queries) and generated tokens per question (None when the run
+    """One run folder's cost: held-out ``n``, searches (all, the agent's own: less RDRA's background
+    queries, those past the optimal stop and the redundant ones: None for records written before the
+    harness kept the recall curve) and generated tokens per question (None when the run
     was not evaluated), training seconds after SFT, the tree search's seconds, seconds and optimizer steps by
     stage."""
     run_dir = Path(run_dir)
@@ -71,12 +77,15 @@ def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
     return {"n": len(records) or None,
             "searches_per_question": _round(_mean(r.get("searches") for r in records), 2),
             "agent_searches_per_question": _round(_mean(agent_searches(r) for r in records), 2),
+            "past_stop_per_question": _round(_mean(searches_past_stop(r) for r in records), 2),
+            "redundant_per_question": _round(_mean(redundant_searches(r) for r in records), 2),
             "generated_tokens_per_question": _round(_mean(generated_tokens(r) for r in records), 1),
             "training_seconds": round(sum(after_sft), 1) if (seconds or mcts is not None) else None,
             "mcts_seconds": mcts, "seconds_by_stage": seconds, "steps_by_stage": dict(state.get("steps") or {})}
 
 
-COST_HEADER = ["variant", "n", "searches / q", "agent's own searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
+COST_HEADER = ["variant", "n", "searches / q", "agent's own searches / q", "past the optimal stop / q",
+               "redundant searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
                "optimizer steps after SFT", "note"]
 
 
@@ -89,7 +98,7 @@ def cost_table(runs: Mapping[str, str | Path], dataset: str = "world",
         c = run_costs(folder, dataset)
         steps = sum(v for k, v in c["steps_by_stage"].items() if k != "sft")
         rows.append([label, c["n"], c["searches_per_question"], c["agent_searches_per_question"],
-                     c["generated_tokens_per_question"],
+                     c["past_stop_per_question"], c["redundant_per_question"], c["generated_tokens_per_question"],
                      c["training_seconds"], c["mcts_seconds"], steps, (notes or {}).get(label, "")])
     return list(COST_HEADER), rows
 

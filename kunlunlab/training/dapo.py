@@ -181,7 +181,8 @@ class SearchRollout:
         flat = [groups[g] for g in self._flat(groups, accuracy)]
         records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
         budgets = [budget_score(t.doc_ids, self.supporting.get(q, []), self._background_ids.get(q),
-                                self.rewards.budget_penalty) for q, t in zip(questions, trajs)]
+                                self.rewards.budget_penalty, self.rewards.budget_extra)
+                   for q, t in zip(questions, trajs)]
         rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
                    for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)

@@ -36,7 +36,10 @@ supervised fine-tuning sees exactly what inference will append.
   (G192 recipe on one GPU, 200 held-out world questions, paired; experiments/results/gpu_g192): world EM
   48.5 with it and without it (Δ +0.0 [−10, +10]) with a fifth of the agent's own searches (0.40 vs 1.98
   per question); comparisons recover (61 % vs 11 %) but compositional questions collapse (11 % vs 86 %:
-  a hop is 'read' from a background that shows the wrong passage). Off by default.
+  a hop is 'read' from a background that shows the wrong passage). Off by default. A share between 0 and 1
+  applies it to that share of the questions (chosen by a hash of the question text, so the same questions
+  in every epoch and no draw of the mixing's random stream): the SFT data then hold both behaviours, what
+  a search-budget reward in DAPO can choose between (FrugalRAG's two stages, notebook 07).
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
   ratio): *distractor* results (the gold passage is withheld; the model notices and searches the
   entity's page), a *wrong hop* (a wrong intermediate answer is pursued, then corrected; the wrong
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import random
 import re
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -80,7 +84,7 @@ class MixingConfig:
     max_result_chars: int = 300
     quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
     rdra_background: bool = False    # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
-    background_facts: bool = False   # ... and a stage whose facts the background shows is read from it, not searched
+    background_facts: float = 0.0    # ... and (share of questions) a stage it shows is read from it, not searched
     plan_samples: int = 0            # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2)
     stie_feedback_share: float = 0.0  # trajectories that continue after the answer with STIE feedback (§2.2)
     stie_wrong_first: float = 0.5    # ... of which the first answer is wrong (masked) and corrected after feedback
@@ -89,10 +93,11 @@ class MixingConfig:
     def __post_init__(self):
         if self.epochs < 1 or self.turning_epoch < 0 or self.samples_per_epoch < 1 or self.first_turn_samples < 0:
             raise ValueError(f"invalid mixing sizes: {self}")
+        self.background_facts = float(self.background_facts)  # true / false in older configs: 1 / 0
         if self.plan_samples < 0:
             raise ValueError(f"plan_samples must be >= 0, got {self.plan_samples}")
         for name in ("hq_share_start", "noise_start", "noise_end", "hotpot_share", "twowiki_share", "stie_feedback_share",
-                     "stie_wrong_first"):
+                     "stie_wrong_first", "background_facts"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if self.hq_shape <= 0:
@@ -332,6 +337,14 @@ class TrajectoryBuilder:
             return [[0, 1], [2, 3]]
         return [[i] for i in range(n)]
 
+    def _reads_background(self, question: str) -> bool:
+        """Whether this question's trajectory states the hops the background shows (``background_facts``,
+        a share of questions picked by a hash of the text: the same ones in every epoch)."""
+        share = self.cfg.background_facts
+        if not self.cfg.rdra_background or share <= 0.0:
+            return False
+        return share >= 1.0 or zlib.crc32(question.encode()) / 2 ** 32 < share
+
     def world(self, ex: QAExample, rho: float = 0.0, rng: random.Random | None = None,
               kinds: Sequence[str] = ()) -> TrajectoryExample:
         """A gold-chain trajectory; with ``rho > 0`` each stage is corrupted with probability ``rho``."""
@@ -342,7 +355,8 @@ class TrajectoryBuilder:
         stages = self._stages(ex)
         known: dict[str, str] = {}  # passage id -> its text as the background shows it (background_facts)
         background = None
-        if self.cfg.rdra_background and self.cfg.background_facts:
+        reads_background = self._reads_background(ex.question)
+        if reads_background:
             # Built first here (the default builds it after the turns; same draws, other order) because the
             # turns depend on what it shows.
             background, known = self._world_background(ex, rho, rng, kinds, noise)
@@ -391,7 +405,7 @@ class TrajectoryBuilder:
         if ex.type in ("comparison", "bridge_comparison"):
             facts += f" So the answer is {ex.answers[0]}."
         model(_answer_turn(("<think>" if segs else "") + facts.strip(), ex.answers[0]))
-        if not (self.cfg.rdra_background and self.cfg.background_facts):
+        if not reads_background:
             background, _ = self._world_background(ex, rho, rng, kinds, noise)
         return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",
                                  "noisy" if noise else "hq", noise, len(ex.chain), ex.type)
@@ -434,7 +448,7 @@ class TrajectoryBuilder:
         background, known = None, {}
         if self.cfg.rdra_background:
             background, known = self.rdra_context(ex.question, self.teacher_plan(ex))
-        if not self.cfg.background_facts:
+        if not self._reads_background(ex.question):
             known = {}
         read = [t for t in titles if gold_of[t] in known]  # pages the background shows (background_facts)
         for stage in stages:
