@@ -98,3 +98,17 @@ def optimal_stop(curve: Sequence[float]) -> int:
     the recall curve (:func:`recall_by_search`) is at its maximum; ``len(curve) - 1 - k*`` searches came
     after it and retrieved no further evidence."""
     return list(curve).index(max(curve))
+
+
+EXTRA_SEARCHES = ("past_stop", "redundant")
+
+
+def extra_searches(curve: Sequence[float], kind: str = "past_stop") -> int:
+    """The searches of one recall curve (:func:`recall_by_search`) that a search budget counts as extra:
+    ``"past_stop"``, those after the :func:`optimal_stop` (FrugalRAG's n − k*), or ``"redundant"``, every
+    search that raised the recall of no gold passage (before the stop too)."""
+    if kind == "past_stop":
+        return len(curve) - 1 - optimal_stop(curve)
+    if kind == "redundant":
+        return sum(1 for before, after in zip(curve, curve[1:]) if after <= before)
+    raise ValueError(f"kind must be one of {EXTRA_SEARCHES}, got {kind!r}")

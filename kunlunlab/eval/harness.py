@@ -61,7 +61,7 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
-from kunlunlab.eval.metrics import (cover_em, exact_match, f1, normalize_answer, optimal_stop, recall_by_search,
+from kunlunlab.eval.metrics import (cover_em, exact_match, extra_searches, f1, normalize_answer, recall_by_search,
                                     retrieval_recall)
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
@@ -406,24 +406,23 @@ def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) ->
                             names(background))
 
 
+def _extra_searches(record: dict, kind: str) -> int | None:
+    curve = record.get("recall_by_search")
+    return extra_searches(curve, kind) if curve else None
+
+
 def searches_past_stop(record: dict) -> int | None:
     """The agent's searches after FrugalRAG's optimal stop (:func:`~kunlunlab.eval.metrics.optimal_stop`):
     searches that retrieved no gold evidence the trajectory did not already have, and that a perfect
     search-budget policy would not have made. None for a record without a recall curve."""
-    curve = record.get("recall_by_search")
-    if not curve:
-        return None
-    return len(curve) - 1 - optimal_stop(curve)
+    return _extra_searches(record, "past_stop")
 
 
 def redundant_searches(record: dict) -> int | None:
     """The agent's searches that raised the recall of no gold passage (before or after the optimal stop:
     a search repeating what RDRA's background already showed, or one that found nothing of the evidence).
     None for a record without a recall curve."""
-    curve = record.get("recall_by_search")
-    if not curve:
-        return None
-    return sum(1 for before, after in zip(curve, curve[1:]) if after <= before)
+    return _extra_searches(record, "redundant")
 
 
 def agent_searches(record: dict) -> int | None:

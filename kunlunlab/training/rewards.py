@@ -29,12 +29,12 @@ import re
 from dataclasses import dataclass, field
 
 from kunlunlab.agent.protocol import ANSWER_TAGS, parse_turn
-from kunlunlab.eval.metrics import exact_match, f1, optimal_stop, recall_by_search
+from kunlunlab.eval.metrics import EXTRA_SEARCHES, exact_match, extra_searches, f1, recall_by_search
 
 _RESULT_BLOCK = re.compile(r"<result>.*?(?:</result>|$)", re.S)
 
 
-BUDGET_EXTRA = ("past_stop", "redundant")
+BUDGET_EXTRA = EXTRA_SEARCHES  # RewardConfig.budget_extra: which searches the budget term charges
 
 
 @dataclass
@@ -219,11 +219,7 @@ def budget_score(search_doc_ids: list[list[str]], gold_ids: list[str], backgroun
     if recall is None:
         return None
     best = max(recall)
-    if extra == "past_stop":
-        wasted = len(search_doc_ids) - optimal_stop(recall)
-    else:
-        wasted = sum(1 for before, after in zip(recall, recall[1:]) if after <= before)
-    value = (1.0 if best >= 1.0 else -(1.0 - best)) - penalty * wasted
+    value = (1.0 if best >= 1.0 else -(1.0 - best)) - penalty * extra_searches(recall, extra)
     return max(-1.0, value)
 
 
