@@ -48,6 +48,7 @@ children_per_node = 3     # sampled steps per expansion
 dpo_learning_rate = 5e-6  # ReasonRAG's DPO stage
 budget_weight = 0.5       # FrugalRAG: w_budget, the weight of the search-budget term in the DAPO reward
 budget_extra = "past_stop"  # which searches the budget term charges: "past_stop" (FrugalRAG's) or "redundant"
+flat_includes_budget = False  # DAPO + budget: a group of equal accuracy but unequal budget scores stays in the loss
 dapo_steps = 2            # DAPO + budget's optimizer steps (notebook 04's DAPO has 4; make run's size, see the README)
 dapo_learning_rate = None   # None: the config's (dapo.learning_rate); set, it applies to both DAPO variants
 sft_overrides = {}        # without ref_run: config overrides of the SFT trained here, shared by every variant
@@ -280,7 +281,7 @@ print(json.dumps(mcts_stats, indent=1))
 
 # %%
 add_variant("DAPO + budget", {"rewards.w_budget": budget_weight, "rewards.budget_extra": budget_extra,
-                              "dapo.steps": dapo_steps})
+                              "dapo.steps": dapo_steps, "dapo.flat_includes_budget": flat_includes_budget})
 
 # %% [markdown]
 # ## The comparison: accuracy on the held-out questions, against DAPO
@@ -390,6 +391,7 @@ metrics = {"ref_run": str(ref_run) if ref_run else None, "sft_checkpoint": str(s
            "parameters": {"prl_questions": prl_questions, "mcts_iterations": mcts_iterations,
                           "children_per_node": children_per_node, "dpo_learning_rate": dpo_learning_rate,
                           "budget_weight": budget_weight, "budget_extra": budget_extra, "dapo_steps": dapo_steps,
+                          "flat_includes_budget": flat_includes_budget,
                           "dapo_learning_rate": dapo_learning_rate, "sft_overrides": sft_overrides},
            "tables": tables, "variants": {name: variant_numbers(name) for name in folders},
            "untrained": untrained, "mcts": mcts_stats, "preference_pairs": stats}

@@ -204,23 +204,15 @@ def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questi
         rollout([questions[0].question] * 2, trainer)
 
 
-def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backend):
-    """DAPO's dynamic sampling: groups whose accuracy is all-equal (even if their shaped totals differ) are
-    replaced by informative groups of other training questions, whose answers reach the rewards."""
-    from types import SimpleNamespace
+def _answer_turn(answer, tidy=True):
+    return f"<think>so</think><short_answer>\\boxed{{{answer}}}</short_answer>" + ("" if tidy else " extra")
 
+
+def _scripted_rollout(tokenizer, plan, dapo, rewards=None, searches=None, supporting=None):
+    """A ``SearchRollout`` whose rollouts are scripted: ``plan[q][k]`` is the text of question q's k-th sample,
+    ``searches[q][k]`` (optional) the passage ids its searches returned."""
     from kunlunlab.agent.rollout import Trajectory
     from kunlunlab.training.dapo import SearchRollout
-
-    def turn(answer, tidy=True):
-        return f"<think>so</think><short_answer>\\boxed{{{answer}}}</short_answer>" + ("" if tidy else " extra")
-
-    # Per question: what its 2 samples answer (gold is "gold-<question>").
-    plan = {"q0": [turn("gold-q0"), turn("gold-q0")],                 # all right: flat
-            "q1": [turn("wrong"), turn("wrong", tidy=False)],          # all wrong, totals differ: flat by accuracy
-            "q2": [turn("gold-q2"), turn("wrong")],                    # informative
-            "q3": [turn("wrong"), turn("wrong")],                      # flat
-            "q4": [turn("wrong"), turn("gold-q4")]}                    # informative
 
     class Scripted(SearchRollout):
         def _backend(self, trainer, model):
@@ -233,16 +225,35 @@ def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backe
                 seen[q] = k + 1
                 text = plan[q][k]
                 out.append(Trajectory(q, [1, 2], [5, 6], [1, 1], [0.0, 0.0], [{"kind": "model", "text": text}],
-                                      finish="answer", answer=text.split("{")[1].split("}")[0]))
+                                      finish="answer", answer=text.split("{")[1].split("}")[0],
+                                      doc_ids=[list(ids) for ids in (searches or {}).get(q, [[]] * (k + 1))[k]]))
                 out[-1].final_answer = out[-1].answer
             return out
 
     answers = {q: [f"gold-{q}"] for q in plan}
-    rollout = Scripted(None, backend.tokenizer, answers, RolloutConfig(), DAPOStageConfig(max_resample=3),
-                       RewardConfig())
+    return Scripted(None, tokenizer, answers, RolloutConfig(), dapo, rewards or RewardConfig(), supporting=supporting)
+
+
+def _stub_trainer():
+    from types import SimpleNamespace
+
     model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
-    trainer = SimpleNamespace(num_generations=2, model=model, state=SimpleNamespace(global_step=0),
-                              args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    return SimpleNamespace(num_generations=2, model=model, state=SimpleNamespace(global_step=0),
+                           args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+
+
+def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backend):
+    """DAPO's dynamic sampling: groups whose accuracy is all-equal (even if their shaped totals differ) are
+    replaced by informative groups of other training questions, whose answers reach the rewards."""
+    turn = _answer_turn
+    # Per question: what its 2 samples answer (gold is "gold-<question>").
+    plan = {"q0": [turn("gold-q0"), turn("gold-q0")],                 # all right: flat
+            "q1": [turn("wrong"), turn("wrong", tidy=False)],          # all wrong, totals differ: flat by accuracy
+            "q2": [turn("gold-q2"), turn("wrong")],                    # informative
+            "q3": [turn("wrong"), turn("wrong")],                      # flat
+            "q4": [turn("wrong"), turn("gold-q4")]}                    # informative
+    trainer = _stub_trainer()
+    rollout = _scripted_rollout(backend.tokenizer, plan, DAPOStageConfig(max_resample=3))
     out = rollout(["q0", "q0", "q1", "q1"], trainer)
     kept = [a[0] for a in out["answers"]]
     assert sorted({kept[0], kept[2]}) == ["gold-q2", "gold-q4"] and kept[0] == kept[1] and kept[2] == kept[3]
@@ -250,9 +261,27 @@ def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backe
     stats = rollout.history[-1]
     assert stats["flat_groups_before"] == 2 and stats["refilled_groups"] == 2 and stats["flat_groups"] == 0
     # with no refill rounds, the flat groups stay but carry no loss ... unless every group is flat
-    rollout = Scripted(None, backend.tokenizer, answers, RolloutConfig(), DAPOStageConfig(max_resample=0),
-                       RewardConfig())
+    rollout = _scripted_rollout(backend.tokenizer, plan, DAPOStageConfig(max_resample=0))
     out = rollout(["q0", "q0", "q2", "q2"], trainer)
     assert [any(m) for m in out["env_mask"]] == [False, False, True, True]
     out = rollout(["q0", "q0", "q1", "q1"], trainer)
     assert all(any(m) for m in out["env_mask"])
+
+
+@pytest.mark.parametrize("includes_budget, w_budget, q0_in_loss", [(False, 0.5, False), (True, 0.5, True),
+                                                                   (True, 0.0, False)])
+def test_a_group_right_everywhere_but_unequal_in_searches_is_informative_when_flatness_includes_the_budget(
+        backend, includes_budget, w_budget, q0_in_loss):
+    """dapo.flat_includes_budget: both samples of q0 answer right, the second searches its one gold passage
+    twice (one search past the optimal stop: budget 1 − 0.25 = 0.75 against 1.0). Judged on accuracy the
+    group is flat and leaves the loss; judged on accuracy and budget (with the budget reward on) it stays."""
+    plan = {"q0": [_answer_turn("gold-q0")] * 2, "q2": [_answer_turn("gold-q2"), _answer_turn("wrong")]}
+    searches = {"q0": [[["d1"]], [["d1"], ["d1"]]], "q2": [[], []]}
+    rollout = _scripted_rollout(backend.tokenizer, plan,
+                                DAPOStageConfig(max_resample=0, flat_includes_budget=includes_budget),
+                                RewardConfig(w_budget=w_budget, budget_penalty=0.25, budget_extra="past_stop"),
+                                searches=searches, supporting={"q0": ["d1"]})
+    out = rollout(["q0", "q0", "q2", "q2"], _stub_trainer())
+    assert out["budget"] == [1.0, 0.75, None, None]
+    assert [any(m) for m in out["env_mask"]] == [q0_in_loss, q0_in_loss, True, True]
+    assert rollout.history[-1]["accuracy"] == 0.75

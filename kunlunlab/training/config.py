@@ -48,6 +48,7 @@ class DAPOStageConfig:
     top_p: float = 1.0
     dynamic_sampling: bool = True    # groups with all-equal accuracy are replaced by informative groups (refill)
     max_resample: int = 1            # refill rounds per step
+    flat_includes_budget: bool = False  # with rewards.w_budget > 0: equal accuracy but unequal budget is informative
     max_turn_tokens: int = 160       # training turns reach 124 tokens (two facts + two next queries); 96 cut them
     max_total_tokens: int = 1024     # lets 4-hop bridge comparisons finish
     save_steps: int = 2

@@ -20,6 +20,11 @@ dropped and the batch is refilled with groups of other training questions (drawn
 rolled out, kept only if informative), up to ``max_resample`` refill rounds; groups still flat after
 that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless every group is flat.
 The refilled questions' gold answers reach the reward functions through the ``answers`` extra field.
+``dapo.flat_includes_budget`` (a departure, for the search-budget reward of FrugalRAG, which DAPO does not
+have): with ``rewards.w_budget > 0`` a group is flat only when accuracy AND budget score are the same for
+every sample, so a group of all-right answers that differ in how many searches they spent keeps its budget
+signal instead of being dropped. Why: in notebook 07's DAPO + budget run (2026-11-26) 4 of 16 groups were
+accuracy-flat and 3 of them left the loss, and the budget variant ended with the same answers as DAPO.
 Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
 ``prompts_per_step`` questions): refills are drawn from disjoint slices of the pool, "every group is
 flat" is judged on the whole batch, and the main process writes one ``dapo_rollouts.jsonl`` record per
@@ -124,12 +129,28 @@ class SearchRollout:
     def _accuracies(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards) for q, t in zip(questions, trajs)]
 
-    @staticmethod
-    def _flat(groups: list[list[int]], accuracy: list[float]) -> list[int]:
-        """Indices of the groups whose accuracy is the same for every sample (no accuracy signal)."""
-        return [g for g, members in enumerate(groups) if len({round(accuracy[i], 6) for i in members}) == 1]
+    def _budget(self, question: str, t: Trajectory) -> float | None:
+        return budget_score(t.doc_ids, self.supporting.get(question, []), self._background_ids.get(question),
+                            self.rewards.budget_penalty, self.rewards.budget_extra)
 
-    def _refill(self, backend, questions: list[str], trajs: list, accuracy: list[float], groups: list[list[int]],
+    def _signals(self, questions: list[str], trajs: list[Trajectory]) -> list[tuple]:
+        """What flatness is judged on, per sample: (accuracy,), or (accuracy, budget score) when
+        ``dapo.flat_includes_budget`` and the budget reward is on. Element 0 is always the accuracy."""
+        accuracy = self._accuracies(questions, trajs)
+        if not (self.dapo.flat_includes_budget and self.rewards.w_budget > 0):
+            return [(a,) for a in accuracy]
+        return [(a, self._budget(q, t)) for a, q, t in zip(accuracy, questions, trajs)]
+
+    @staticmethod
+    def _flat(groups: list[list[int]], signals: list[tuple]) -> list[int]:
+        """Indices of the groups whose signal (accuracy, and the budget score when it counts) is the same for
+        every sample: no signal to learn from."""
+        def key(signal: tuple) -> tuple:
+            return tuple(None if x is None else round(x, 6) for x in signal)
+
+        return [g for g, members in enumerate(groups) if len({key(signals[i]) for i in members}) == 1]
+
+    def _refill(self, backend, questions: list[str], trajs: list, signals: list[tuple], groups: list[list[int]],
                 seed: int, in_batch: set[str] | None = None, share: tuple[int, int] = (0, 1)) -> tuple[int, int]:
         """DAPO's dynamic sampling: flat groups are replaced, in place, by informative groups of questions
         drawn from the training pool (not in this batch: ``in_batch``, every process's questions under
@@ -142,7 +163,7 @@ class SearchRollout:
         pool = pool[share[0]::share[1]]  # (all processes drawing from the whole pool drew the same questions)
         refilled = tried = 0
         for attempt in range(self.dapo.max_resample):
-            flat = self._flat(groups, accuracy)
+            flat = self._flat(groups, signals)
             if not flat or not pool:
                 break
             draws = [pool.pop() for _ in range(min(len(flat), len(pool)))]
@@ -150,12 +171,12 @@ class SearchRollout:
             n = len(groups[flat[0]])
             batch = [q for q in draws for _ in range(n)]
             fresh = self._roll(backend, batch, seed + attempt + 1)
-            fresh_acc = self._accuracies(batch, fresh)
+            fresh_signals = self._signals(batch, fresh)
             new_groups = [list(range(j * n, (j + 1) * n)) for j in range(len(draws))]
-            informative = [j for j in range(len(draws)) if j not in self._flat(new_groups, fresh_acc)]
+            informative = [j for j in range(len(draws)) if j not in self._flat(new_groups, fresh_signals)]
             for g, j in zip(flat, informative):
                 for slot, src in zip(groups[g], new_groups[j]):
-                    questions[slot], trajs[slot], accuracy[slot] = batch[src], fresh[src], fresh_acc[src]
+                    questions[slot], trajs[slot], signals[slot] = batch[src], fresh[src], fresh_signals[src]
                 refilled += 1
         return refilled, tried
 
@@ -171,18 +192,17 @@ class SearchRollout:
         seed = 1000 * (trainer.state.global_step + 1) + trainer.args.seed
         rank, processes = _processes(trainer)
         trajs = self._roll(backend, questions, seed)
-        accuracy = self._accuracies(questions, trajs)
-        flat_before = len(self._flat(groups, accuracy))
+        signals = self._signals(questions, trajs)
+        flat_before = len(self._flat(groups, signals))
         refilled = tried = 0
         if self.dapo.dynamic_sampling:
             others = _gather(questions, processes) if processes > 1 else []  # every process's questions
-            refilled, tried = self._refill(backend, questions, trajs, accuracy, groups, seed, set(others),
+            refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(others),
                                            (rank, processes))
-        flat = [groups[g] for g in self._flat(groups, accuracy)]
+        flat = [groups[g] for g in self._flat(groups, signals)]
+        accuracy = [s[0] for s in signals]
         records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
-        budgets = [budget_score(t.doc_ids, self.supporting.get(q, []), self._background_ids.get(q),
-                                self.rewards.budget_penalty, self.rewards.budget_extra)
-                   for q, t in zip(questions, trajs)]
+        budgets = [self._budget(q, t) for q, t in zip(questions, trajs)]
         rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
                    for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)
