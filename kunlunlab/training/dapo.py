@@ -27,7 +27,7 @@ signal instead of being dropped. Why: in notebook 07's DAPO + budget run (2026-1
 accuracy-flat and 3 of them left the loss, and the budget variant ended with the same answers as DAPO.
 Measured effect (same SFT checkpoint, seeds and 8 steps, ``budget_extra="redundant"``, w 0.5; 40 held-out
 world questions): the same EM 40.0 (+0.0 [−10, +10]) with MORE searches, 2.55 per question against 1.93
-(redundant 0.82 against 0.40). At this accuracy (0.0–0.6 per step) the groups it keeps are all-wrong ones,
+(redundant 0.82 against 0.40). At this accuracy (0.0–0.6 per step) the groups it keeps are mostly all-wrong ones,
 where the budget's only contrast is gold recall, which rewards searching more. So it stays off by default.
 Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
 ``prompts_per_step`` questions): refills are drawn from disjoint slices of the pool, "every group is
