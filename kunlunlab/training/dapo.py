@@ -22,8 +22,8 @@ that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless 
 The refilled questions' gold answers reach the reward functions through the ``answers`` extra field.
 ``dapo.flat_includes_budget`` (a departure, for the search-budget reward of FrugalRAG, which DAPO does not
 have): with ``rewards.w_budget > 0`` a group is flat only when accuracy AND budget score are the same for
-every sample, so a group of all-right answers that differ in how many searches they spent keeps its budget
-signal instead of being dropped. Why: in notebook 07's DAPO + budget run (2026-11-26) 4 of 16 groups were
+every sample, so a group of all-right (or all-wrong) answers whose budget scores differ, in searches spent
+or gold passages found, keeps its budget signal instead of being dropped. Why: in notebook 07's DAPO + budget run (2026-11-26) 4 of 16 groups were
 accuracy-flat and 3 of them left the loss, and the budget variant ended with the same answers as DAPO.
 Measured effect (same SFT checkpoint, seeds and 8 steps, ``budget_extra="redundant"``, w 0.5; 40 held-out
 world questions): the same EM 40.0 (+0.0 [−10, +10]) with MORE searches, 2.55 per question against 1.93
