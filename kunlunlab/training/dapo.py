@@ -137,20 +137,17 @@ class SearchRollout:
         return budget_score(t.doc_ids, self.supporting.get(question, []), self._background_ids.get(question),
                             self.rewards.budget_penalty, self.rewards.budget_extra)
 
-    def _signals(self, questions: list[str], trajs: list[Trajectory]) -> list[tuple]:
-        """What flatness is judged on, per sample: (accuracy,), or (accuracy, budget score) when
-        ``dapo.flat_includes_budget`` and the budget reward is on. Element 0 is always the accuracy."""
-        accuracy = self._accuracies(questions, trajs)
-        if not (self.dapo.flat_includes_budget and self.rewards.w_budget > 0):
-            return [(a,) for a in accuracy]
-        return [(a, self._budget(q, t)) for a, q, t in zip(accuracy, questions, trajs)]
+    def _signals(self, questions: list[str], trajs: list[Trajectory]) -> list[tuple[float, float | None]]:
+        """(accuracy, budget score) per sample: what the rewards use and what flatness is judged on."""
+        return list(zip(self._accuracies(questions, trajs), (self._budget(q, t) for q, t in zip(questions, trajs))))
 
-    @staticmethod
-    def _flat(groups: list[list[int]], signals: list[tuple]) -> list[int]:
-        """Indices of the groups whose signal (accuracy, and the budget score when it counts) is the same for
-        every sample: no signal to learn from."""
+    def _flat(self, groups: list[list[int]], signals: list[tuple[float, float | None]]) -> list[int]:
+        """Indices of the groups whose accuracy is the same for every sample (no signal to learn from); with
+        ``dapo.flat_includes_budget`` and the budget reward on, accuracy and budget score both."""
+        width = 2 if self.dapo.flat_includes_budget and self.rewards.w_budget > 0 else 1
+
         def key(signal: tuple) -> tuple:
-            return tuple(None if x is None else round(x, 6) for x in signal)
+            return tuple(None if x is None else round(x, 6) for x in signal[:width])
 
         return [g for g, members in enumerate(groups) if len({key(signals[i]) for i in members}) == 1]
 
@@ -204,9 +201,8 @@ class SearchRollout:
             refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(others),
                                            (rank, processes))
         flat = [groups[g] for g in self._flat(groups, signals)]
-        accuracy = [s[0] for s in signals]
+        accuracy, budgets = [s[0] for s in signals], [s[1] for s in signals]
         records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
-        budgets = [self._budget(q, t) for q, t in zip(questions, trajs)]
         rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
                    for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)
