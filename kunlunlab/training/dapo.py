@@ -28,7 +28,11 @@ accuracy-flat and 3 of them left the loss, and the budget variant ended with the
 Measured effect (same SFT checkpoint, seeds and 8 steps, ``budget_extra="redundant"``, w 0.5; 40 held-out
 world questions): the same EM 40.0 (+0.0 [−10, +10]) with MORE searches, 2.55 per question against 1.93
 (redundant 0.82 against 0.40). At this accuracy (0.0–0.6 per step) the groups it keeps are mostly all-wrong ones,
-where the budget's only contrast is gold recall, which rewards searching more. So it stays off by default.
+where the budget's only contrast is gold recall, which rewards searching more. From a stronger checkpoint
+(G192 with background reading, world EM 75.0, mostly all-right groups; 100 held-out world questions) it does
+cut searches, 2.75 → 2.07 per question in 8 steps (1.95 in 16), but at −8.0 EM [−14, −2] (−9 [−17, −1] at
+16 steps against 16-step DAPO): the 135M policy learns to search less, not which search to skip (README,
+"The budget term where the groups are right"). So it stays off by default.
 Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
 ``prompts_per_step`` questions): refills are drawn from disjoint slices of the pool, "every group is
 flat" is judged on the whole batch, and the main process writes one ``dapo_rollouts.jsonl`` record per
