@@ -206,7 +206,9 @@ class SearchRollout:
                                            (rank, processes))
         flat = [groups[g] for g in self._flat(groups, signals)]
         accuracy, budgets = [s[0] for s in signals], [s[1] for s in signals]
-        records = [self._record(t) for t in trajs]  # parsed once for the rewards, the log and TRL
+        # the final trajectories (refills included), parsed for the rewards, the log and TRL; _signals parsed
+        # them once before for accuracy (one regex pass each, negligible next to generation)
+        records = [self._record(t) for t in trajs]
         rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
                    for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)
