@@ -32,8 +32,8 @@ where the budget's only contrast is gold recall, which rewards searching more. F
 (G192 with background reading, world EM 75.0, mostly all-right groups; 100 held-out world questions) it does
 cut searches, 2.75 → 2.07 per question in 8 steps (1.95 in 16), but at −8.0 EM [−14, −2] (−9 [−17, −1] at
 16 steps against 16-step DAPO): the 135M policy learns the right search to skip (it reads hop 1 from RDRA's
-background instead of re-fetching it) but misreads the background (the father for the spouse, a namesake's
-country): 7 of the 9 answers lost. Its weight does not trade one against the other: w 0.25 gave the same
+background instead of re-fetching it) but misreads the background (the father for the spouse, the country of
+another person of the same first name): 7 of the 9 answers lost. Its weight does not trade one against the other: w 0.25 gave the same
 rollouts and answers as w 0.5 (README, "The budget term where the groups are right"). So it stays off by
 default.
 Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
