@@ -11,7 +11,12 @@ supervised fine-tuning sees exactly what inference will append.
 * **Evidence quoting** (``quote_evidence``, off by default): each think turn states a hop's answer
   after quoting the result sentence that holds it (``Q? "She was married to Ivo Drirthia." So: Ivo
   Drirthia.``). Meant to teach "find the sentence about the asked relation, copy from it"; with the
-  embedded 135M model it measured worse (held-out EM 7.5 vs 10.0, format 62.5 % vs 87.5 %).
+  embedded 135M model it measured worse at make-run size (held-out EM 7.5 vs 10.0, format 62.5 % vs
+  87.5 %). With ``background_facts`` at G192 (2026-11-26, n = 100; README, "Teaching the reader to quote")
+  it mends reading from the background (inference questions read from it: 14/19 right, 8/19 unquoted) and
+  gives world EM 74.0 at 2.14 searches per question against 75.0 at 2.75 unquoted (−1.0 [−10, +8]); quoted
+  turns run longer, so give them a turn budget of 192 tokens. Off by default until re-measured at make
+  run's size.
 * **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
   chain only, a cheap way to practise decomposing a question into its first search.
 * **The whole agent** (``rdra_background``, ``plan_samples``, ``stie_feedback_share``): trajectories are
