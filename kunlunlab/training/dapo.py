@@ -21,21 +21,21 @@ rolled out, kept only if informative), up to ``max_resample`` refill rounds; gro
 that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless every group is flat.
 The refilled questions' gold answers reach the reward functions through the ``answers`` extra field.
 ``dapo.flat_includes_budget`` (a departure, for the search-budget reward of FrugalRAG, which DAPO does not
-have): with ``rewards.w_budget > 0`` a group is flat only when accuracy AND budget score are the same for
-every sample, so a group of all-right (or all-wrong) answers whose budget scores differ, in searches spent
-or gold passages found, keeps its budget signal instead of being dropped. Why: in notebook 07's DAPO + budget run (2026-11-26) 4 of 16 groups were
-accuracy-flat and 3 of them left the loss, and the budget variant ended with the same answers as DAPO.
-Measured effect (same SFT checkpoint, seeds and 8 steps, ``budget_extra="redundant"``, w 0.5; 40 held-out
-world questions): the same EM 40.0 (+0.0 [−10, +10]) with MORE searches, 2.55 per question against 1.93
-(redundant 0.82 against 0.40). At this accuracy (0.0–0.6 per step) the groups it keeps are mostly all-wrong ones,
-where the budget's only contrast is gold recall, which rewards searching more. From a stronger checkpoint
-(G192 with background reading, world EM 75.0, mostly all-right groups; 100 held-out world questions) it does
-cut searches, 2.75 → 2.07 per question in 8 steps (1.95 in 16), but at −8.0 EM [−14, −2] (−9 [−17, −1] at
-16 steps against 16-step DAPO): the 135M policy learns the right search to skip (it reads hop 1 from RDRA's
+have): with ``rewards.w_budget > 0`` a group is flat only when accuracy AND budget score are the same for every
+sample, so a group of all-right (or all-wrong) answers whose budget scores differ, in searches spent or gold
+passages found, keeps its budget signal instead of being dropped. Why: in notebook 07's DAPO + budget run
+(2026-11-26) 4 of 16 groups were accuracy-flat and 3 of them left the loss, and the budget variant ended with
+the same answers as DAPO. Measured effect (same SFT checkpoint, seeds and 8 steps, ``budget_extra="redundant"``,
+w 0.5; 40 held-out world questions): the same EM 40.0 (+0.0 [−10, +10]) with MORE searches, 2.55 per question
+against 1.93 (redundant 0.82 against 0.40). At this accuracy (0.0–0.6 per step) the groups it keeps are mostly
+all-wrong ones, where the budget's only contrast is gold recall, which rewards searching more. From a stronger
+checkpoint (G192 with background reading, world EM 75.0, mostly all-right groups; 100 held-out world questions)
+it does cut searches, 2.75 → 2.07 per question in 8 steps (1.95 in 16), but at −8.0 EM [−14, −2] (−9 [−17, −1]
+at 16 steps against 16-step DAPO): the 135M policy learns the right search to skip (it reads hop 1 from RDRA's
 background instead of re-fetching it) but misreads the background (the father for the spouse, the country of
-another person of the same first name): 7 of the 9 answers lost. Its weight does not trade one against the other: w 0.25 gave the same
-rollouts and answers as w 0.5 (README, "The budget term where the groups are right"). So it stays off by
-default.
+another person of the same first name): 7 of the 9 answers lost. Its weight does not trade one against the
+other: w 0.25 gave the same rollouts and answers as w 0.5 (README, "The budget term where the groups are
+right"). So it stays off by default.
 Under ``accelerate launch`` every process rolls out its own whole groups (TRL's sampler gives each
 ``prompts_per_step`` questions): refills are drawn from disjoint slices of the pool, "every group is
 flat" is judged on the whole batch, and the main process writes one ``dapo_rollouts.jsonl`` record per
