@@ -97,3 +97,48 @@ def test_rollout_hands_each_trajectory_its_budget_score(backend):
         r = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
                      RewardConfig(w_budget=1.0, budget_extra=extra), supporting=supporting)
         assert r(["q1", "q2"], trainer)["budget"] == want
+
+
+@pytest.mark.parametrize("searches, share, want", [
+    ([["a"], ["b"]], 0.0, 1.0),           # all evidence, every quote seen: the full completion bonus
+    ([["a"], ["b"]], 0.5, -0.5),          # all evidence retrieved, but half its quotes never shown
+    ([["a"]], 0.5, -1.0),                 # half the evidence missing and half the quotes unseen
+    ([], 1.0, -1.0),                      # no search, every quote invented: no saving paid
+])
+def test_grounded_budget_counts_unseen_quotes_as_missing_evidence(searches, share, want):
+    assert math.isclose(budget_score(searches, ["a", "b"], None, 0.25, "past_stop", share), want)
+    with pytest.raises(ValueError, match="ungrounded_share"):
+        budget_score(searches, ["a", "b"], ungrounded_share=1.5)
+
+
+def test_rollout_pays_the_budget_only_for_quotes_it_was_shown(backend):
+    from kunlunlab.training.dapo import SearchRollout
+
+    result = '\n<result>\n(1) "B"\nBea was born in Oslo.\n</result>\n'
+    seen = [{"kind": "model", "text": "<think>Where?</think><search>x</search>"}, {"kind": "result", "text": result},
+            {"kind": "model", "text": '<think>"She was born in Oslo." So: Oslo.</think>'
+                                      '<short_answer>\\boxed{Oslo}</short_answer>'}]
+    unseen = [{"kind": "model", "text": '<think>"She was born in Oslo in 1900." So: Oslo.</think>'
+                                        '<short_answer>\\boxed{Oslo}</short_answer>'}]
+
+    class Scripted(SearchRollout):
+        def _backend(self, trainer, model):
+            return None
+
+        def _roll(self, backend, questions, seed):
+            out = []
+            for q in questions:
+                t = Trajectory(q, [1], [5], [1], [0.0], seen if q == "seen" else unseen, finish="answer",
+                               answer="Oslo", doc_ids=[["p1", "p2"]], queries=[["x"]])
+                t.final_answer = "Oslo"
+                out.append(t)
+            return out
+
+    model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
+    trainer = SimpleNamespace(num_generations=1, model=model, state=SimpleNamespace(global_step=0),
+                              args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    golds, supporting = {q: ["Oslo"] for q in ("seen", "unseen")}, {q: ["p1", "p2"] for q in ("seen", "unseen")}
+    for grounded, want in ((False, [1.0, 1.0]), (True, [1.0, -1.0])):
+        r = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
+                     RewardConfig(w_budget=1.0, budget_grounded=grounded), supporting=supporting)
+        assert r(["seen", "unseen"], trainer)["budget"] == want

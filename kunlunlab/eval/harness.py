@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Collection
 
+from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.methods import METHODS
 from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.agent.rdra import RDRAConfig
@@ -425,6 +426,17 @@ def redundant_searches(record: dict) -> int | None:
     return _extra_searches(record, "redundant")
 
 
+def ungrounded_quotes(record: dict) -> int | None:
+    """How many of the evidence sentences the agent quoted in its think turns it had never been shown
+    (:func:`kunlunlab.agent.grounding.quote_grounding`): 0 for an agent that quotes nothing; None for a record
+    without a trajectory."""
+    trajectory = record.get("trajectory")
+    if not isinstance(trajectory, dict) or "steps" not in trajectory:
+        return None
+    background = (trajectory.get("rdra") or {}).get("background")
+    return len(quote_grounding(trajectory["steps"], background).ungrounded)
+
+
 def agent_searches(record: dict) -> int | None:
     """The searches the agent chose itself: ``searches`` less the queries RDRA sent before the first turn
     (``trajectory.rdra.searches``; the whole agent counts both in ``searches``). A search-budget reward
@@ -460,6 +472,7 @@ def summarize(records: list[dict]) -> dict:
                 [agent_searches(r) for r in records]),
             "past_stop_per_question": _mean_of([searches_past_stop(r) for r in records]),
             "redundant_per_question": _mean_of([redundant_searches(r) for r in records]),
+            "ungrounded_quotes_per_question": _mean_of([ungrounded_quotes(r) for r in records]),
             "seconds_per_question": mean("seconds")}
 
 

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_past_stop
+from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
 # the keys that decide which held-out questions a run is evaluated on (load_training_data)
@@ -79,6 +79,7 @@ def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
             "agent_searches_per_question": _round(_mean(agent_searches(r) for r in records), 2),
             "past_stop_per_question": _round(_mean(searches_past_stop(r) for r in records), 2),
             "redundant_per_question": _round(_mean(redundant_searches(r) for r in records), 2),
+            "ungrounded_quotes_per_question": _round(_mean(ungrounded_quotes(r) for r in records), 2),
             "generated_tokens_per_question": _round(_mean(generated_tokens(r) for r in records), 1),
             "training_seconds": round(sum(after_sft), 1) if (seconds or mcts is not None) else None,
             "mcts_seconds": mcts, "seconds_by_stage": seconds, "steps_by_stage": dict(state.get("steps") or {})}

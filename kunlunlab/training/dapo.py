@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kunlunlab.agent.backends import SamplingConfig, TransformersBackend, chat_prompt_ids
+from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.training.config import DAPOStageConfig
@@ -80,6 +81,7 @@ class SearchRollout:
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
         self._background_ids: dict[str, list[str]] = {}
+        self._backgrounds: dict[str, str] = {}  # RDRA's background text, for the grounded budget term
         self.rollout, self.dapo, self.rewards = rollout, dapo, rewards
         self.system_prompt, self.prefix = system_prompt, assistant_prefix
         self.rdra, self.stie = rdra, stie
@@ -121,6 +123,7 @@ class SearchRollout:
             for q, c in zip(unique, rdra_contexts(backend, self.search, unique, self.rdra)):
                 backgrounds[q] = c.background
                 self._background_ids[q] = list(c.doc_ids)
+                self._backgrounds[q] = c.background
         prompts = [chat_prompt_ids(self.tokenizer, build_messages(q, backgrounds[q], self.system_prompt), self.prefix)
                    for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
@@ -141,8 +144,10 @@ class SearchRollout:
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards) for q, t in zip(questions, trajs)]
 
     def _budget(self, question: str, t: Trajectory) -> float | None:
+        ungrounded = (quote_grounding(t.steps, self._backgrounds.get(question)).ungrounded_share
+                      if self.rewards.budget_grounded else 0.0)
         return budget_score(t.doc_ids, self.supporting.get(question, []), self._background_ids.get(question),
-                            self.rewards.budget_penalty, self.rewards.budget_extra)
+                            self.rewards.budget_penalty, self.rewards.budget_extra, ungrounded)
 
     def _signals(self, questions: list[str], trajs: list[Trajectory]) -> list[tuple[float, float | None]]:
         """(accuracy, budget score) per sample: what the rewards use and what flatness is judged on."""
