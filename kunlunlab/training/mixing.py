@@ -15,8 +15,10 @@ supervised fine-tuning sees exactly what inference will append.
   87.5 %). With ``background_facts`` at G192 (2026-11-26, n = 100; README, "Teaching the reader to quote")
   it mends reading from the background (inference questions read from it: 14/19 right, 8/19 unquoted) and
   gives world EM 74.0 at 2.14 searches per question against 75.0 at 2.75 unquoted (−1.0 [−10, +8]); quoted
-  turns run longer, so give them a turn budget of 192 tokens. Off by default until re-measured at make
-  run's size.
+  turns run longer, so give them a turn budget of 192 tokens. Re-measured at make run's size with
+  ``background_facts`` 0.5 (notebook 07, n = 40, 2026-11-26): DAPO 35.0 at 2.40 searches against 40.0 at
+  1.93 unquoted (−5.0 [−22.5, +12.5]); the 76-step SFT does not learn to read the background while
+  quoting. Off by default.
 * **First-turn samples** (optional, ``first_turn_samples``): the prompt and the first turn of a gold
   chain only, a cheap way to practise decomposing a question into its first search.
 * **The whole agent** (``rdra_background``, ``plan_samples``, ``stie_feedback_share``): trajectories are
