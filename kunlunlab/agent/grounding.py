@@ -6,7 +6,10 @@ words left out) occurs in one passage the agent had been shown before that turn:
 earlier ``<result>`` block. The word test, not an exact substring, because the reader re-phrases a sentence
 into its training template ("It was directed by X." for "... is a 1918 film directed by X."), which is no
 misreading; a quote that adds a word the passage does not hold (a year, a relation: "Her spouse is X" where
-the passage says "Her father was X") is not grounded.
+the passage says "Her father was X") is not grounded. Limits: the test accepts a quote that re-arranges one
+passage's words into a false statement (the father's name as the spouse when the passage names both); in a
+multi-query result block a "Query n:" line counts as part of the passage before it (it only adds words).
+Every one of the 1206 quotes of the G192 quoted SFT data passes it.
 
 Why it exists: at G192 the quoted reader trained with the search-budget reward skipped searches by quoting
 sentences it had never seen (README, "Teaching the reader to quote"); the budget term can be told not to pay
