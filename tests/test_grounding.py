@@ -30,9 +30,12 @@ def test_a_relation_the_passage_does_not_state_is_not_grounded():
 
 
 def test_words_from_two_passages_do_not_ground_one_quote():
-    # "1918" is in passage 1, "Reithdegrevheim" only in the later result: no single passage holds both
-    g = quote_grounding(steps(("model", '"Beata Dryndcus was born in Reithdegrevheim in 1918."</think>'
-                                        '<search>x</search>'), ("result", RESULT)), BACKGROUND)
+    # quoted after the result: "1918" is only in background passage 1, "Reithdegrevheim" only in the result;
+    # both were shown, but no single passage holds both
+    g = quote_grounding(steps(("model", "Where was Beata Dryndcus born?</think><search>x</search>"),
+                              ("result", RESULT),
+                              ("model", '<think>"Beata Dryndcus was born in Reithdegrevheim in 1918."</think>')),
+                        BACKGROUND)
     assert g.ungrounded == ["Beata Dryndcus was born in Reithdegrevheim in 1918."]
 
 
