@@ -63,11 +63,15 @@ def test_budget_term_enters_the_weights_and_the_total_only_when_set():
     assert math.isclose(with_budget.total, plain.total - 0.5) and with_budget.budget == -1.0
 
 
-def test_rollout_hands_each_trajectory_its_budget_score(backend):
-    from kunlunlab.training.dapo import SearchRollout
+TRAINER = SimpleNamespace(num_generations=1, state=SimpleNamespace(global_step=0), args=SimpleNamespace(seed=0),
+                          model=SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None),
+                          accelerator=SimpleNamespace(unwrap_model=lambda m: m))
 
-    answer = "<think>so</think><short_answer>\\boxed{gold}</short_answer>"
-    docs = {"q0": [["p1"], ["p2"]], "q1": [["p1"], ["p2"], ["p9"]], "q2": [["p1"], ["p1"], ["p2"]]}
+
+def scripted_rollout(tokenizer, trajectories: dict, gold: str, rewards: RewardConfig):
+    """A SearchRollout (no model, no RDRA) whose rollout of question q is ``trajectories[q]`` = (steps, doc
+    ids per search), answered ``gold``; every question's gold passages are p1 and p2."""
+    from kunlunlab.training.dapo import SearchRollout
 
     class Scripted(SearchRollout):
         def _backend(self, trainer, model):
@@ -76,27 +80,30 @@ def test_rollout_hands_each_trajectory_its_budget_score(backend):
         def _roll(self, backend, questions, seed):
             out = []
             for q in questions:
-                t = Trajectory(q, [1], [5], [1], [0.0], [{"kind": "model", "text": answer}], finish="answer",
-                               answer="gold", doc_ids=docs[q], queries=[["x"]] * len(docs[q]))
-                t.final_answer = "gold"
+                steps, docs = trajectories[q]
+                t = Trajectory(q, [1], [5], [1], [0.0], steps, finish="answer", answer=gold, doc_ids=docs,
+                               queries=[["x"]] * len(docs))
+                t.final_answer = gold
                 out.append(t)
             return out
 
-    model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
-    trainer = SimpleNamespace(num_generations=1, model=model, state=SimpleNamespace(global_step=0),
-                              args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
-    golds = {q: ["gold"] for q in docs}
-    supporting = {q: ["p1", "p2"] for q in docs}
-    rollout = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
-                       RewardConfig(w_budget=1.0), supporting=supporting)
-    out = rollout(["q0", "q1"], trainer)
+    return Scripted(None, tokenizer, {q: [gold] for q in trajectories}, RolloutConfig(),
+                    DAPOStageConfig(dynamic_sampling=False), rewards,
+                    supporting={q: ["p1", "p2"] for q in trajectories})
+
+
+def test_rollout_hands_each_trajectory_its_budget_score(backend):
+    steps = [{"kind": "model", "text": "<think>so</think><short_answer>\\boxed{gold}</short_answer>"}]
+    docs = {"q0": [["p1"], ["p2"]], "q1": [["p1"], ["p2"], ["p9"]], "q2": [["p1"], ["p1"], ["p2"]]}
+    trajectories = {q: (steps, d) for q, d in docs.items()}
+    rollout = scripted_rollout(backend.tokenizer, trajectories, "gold", RewardConfig(w_budget=1.0))
+    out = rollout(["q0", "q1"], TRAINER)
     assert out["budget"] == [1.0, 0.75]
     assert math.isclose(rollout.history[-1]["budget"], 0.875)
     # the rewards' budget_extra reaches the rollout: q2's 2nd search repeats p1, before the optimal stop
     for extra, want in (("past_stop", [0.75, 1.0]), ("redundant", [0.75, 0.75])):
-        r = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
-                     RewardConfig(w_budget=1.0, budget_extra=extra), supporting=supporting)
-        assert r(["q1", "q2"], trainer)["budget"] == want
+        r = scripted_rollout(backend.tokenizer, trajectories, "gold", RewardConfig(w_budget=1.0, budget_extra=extra))
+        assert r(["q1", "q2"], TRAINER)["budget"] == want
 
 
 @pytest.mark.parametrize("searches, share, want", [
@@ -112,33 +119,14 @@ def test_grounded_budget_counts_unseen_quotes_as_missing_evidence(searches, shar
 
 
 def test_rollout_pays_the_budget_only_for_quotes_it_was_shown(backend):
-    from kunlunlab.training.dapo import SearchRollout
-
     result = '\n<result>\n(1) "B"\nBea was born in Oslo.\n</result>\n'
     seen = [{"kind": "model", "text": "<think>Where?</think><search>x</search>"}, {"kind": "result", "text": result},
             {"kind": "model", "text": '<think>"She was born in Oslo." So: Oslo.</think>'
                                       '<short_answer>\\boxed{Oslo}</short_answer>'}]
     unseen = [{"kind": "model", "text": '<think>"She was born in Oslo in 1900." So: Oslo.</think>'
                                         '<short_answer>\\boxed{Oslo}</short_answer>'}]
-
-    class Scripted(SearchRollout):
-        def _backend(self, trainer, model):
-            return None
-
-        def _roll(self, backend, questions, seed):
-            out = []
-            for q in questions:
-                t = Trajectory(q, [1], [5], [1], [0.0], seen if q == "seen" else unseen, finish="answer",
-                               answer="Oslo", doc_ids=[["p1", "p2"]], queries=[["x"]])
-                t.final_answer = "Oslo"
-                out.append(t)
-            return out
-
-    model = SimpleNamespace(training=True, eval=lambda: None, train=lambda mode=True: None)
-    trainer = SimpleNamespace(num_generations=1, model=model, state=SimpleNamespace(global_step=0),
-                              args=SimpleNamespace(seed=0), accelerator=SimpleNamespace(unwrap_model=lambda m: m))
-    golds, supporting = {q: ["Oslo"] for q in ("seen", "unseen")}, {q: ["p1", "p2"] for q in ("seen", "unseen")}
+    trajectories = {"seen": (seen, [["p1", "p2"]]), "unseen": (unseen, [["p1", "p2"]])}
     for grounded, want in ((False, [1.0, 1.0]), (True, [1.0, -1.0])):
-        r = Scripted(None, backend.tokenizer, golds, RolloutConfig(), DAPOStageConfig(dynamic_sampling=False),
-                     RewardConfig(w_budget=1.0, budget_grounded=grounded), supporting=supporting)
-        assert r(["seen", "unseen"], trainer)["budget"] == want
+        rewards = RewardConfig(w_budget=1.0, budget_grounded=grounded)
+        r = scripted_rollout(backend.tokenizer, trajectories, "Oslo", rewards)
+        assert r(["seen", "unseen"], TRAINER)["budget"] == want

@@ -80,8 +80,7 @@ class SearchRollout:
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
-        self._background_ids: dict[str, list[str]] = {}
-        self._backgrounds: dict[str, str] = {}  # RDRA's background text, for the grounded budget term
+        self._rdra: dict = {}  # question → its RDRAContext (background ids and text, for the budget term)
         self.rollout, self.dapo, self.rewards = rollout, dapo, rewards
         self.system_prompt, self.prefix = system_prompt, assistant_prefix
         self.rdra, self.stie = rdra, stie
@@ -122,8 +121,7 @@ class SearchRollout:
             unique = list(backgrounds)
             for q, c in zip(unique, rdra_contexts(backend, self.search, unique, self.rdra)):
                 backgrounds[q] = c.background
-                self._background_ids[q] = list(c.doc_ids)
-                self._backgrounds[q] = c.background
+                self._rdra[q] = c
         prompts = [chat_prompt_ids(self.tokenizer, build_messages(q, backgrounds[q], self.system_prompt), self.prefix)
                    for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
@@ -144,9 +142,10 @@ class SearchRollout:
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards) for q, t in zip(questions, trajs)]
 
     def _budget(self, question: str, t: Trajectory) -> float | None:
-        ungrounded = (quote_grounding(t.steps, self._backgrounds.get(question)).ungrounded_share
+        context = self._rdra.get(question)
+        ungrounded = (quote_grounding(t.steps, context and context.background).ungrounded_share
                       if self.rewards.budget_grounded else 0.0)
-        return budget_score(t.doc_ids, self.supporting.get(question, []), self._background_ids.get(question),
+        return budget_score(t.doc_ids, self.supporting.get(question, []), context and list(context.doc_ids),
                             self.rewards.budget_penalty, self.rewards.budget_extra, ungrounded)
 
     def _signals(self, questions: list[str], trajs: list[Trajectory]) -> list[tuple[float, float | None]]:
