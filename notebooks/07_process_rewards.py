@@ -318,7 +318,10 @@ for dataset, title in (("world", "synthetic world"), ("hotpotqa_distractor", "Ho
 # `kunlunlab/training/comparison.py::cost_table`, from each run folder: searches (all of them, and the
 # **agent's own**: less the queries RDRA sends before the first turn, which no reward can cut; those **past the
 # optimal stop** $n - k^\star$, what FrugalRAG's term charges; and the **redundant** ones, which raised the recall
-# of no gold passage, before or after the stop) and **generated tokens per
+# of no gold passage, before or after the stop), the **search floor** (the fewest searches that complete each
+# question's gold evidence given its RDRA background: one per dependency stage the background lacks, a
+# comparison's two pages in one multi-query search; `searches − floor` is all a budget can cut without answering
+# from unread evidence) and **generated tokens per
 # question** at inference on the held-out world questions (the agent's own tokens: the trajectory's mask, so
 # `<result>` blocks and STIE's feedback do not count, nor RDRA's plan), and the **training seconds after
 # SFT** (every stage but SFT in `state.json`; ReasonRAG's include its tree search, shown separately; a search

@@ -7,10 +7,12 @@ import pytest
 
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.data.types import Hop, QAExample
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
-                                    load_agent_settings, make_judge_backend, agent_searches, router_summary,
+                                    evidence_search_floor, load_agent_settings, make_judge_backend, agent_searches, router_summary,
                                     redundant_searches, searches_past_stop, summarize, title_recall_curve,
                                     with_checkpoint_settings)
+from kunlunlab.eval.metrics import search_floor
 from kunlunlab.eval.stats import paired_bootstrap, paired_records
 
 
@@ -100,6 +102,50 @@ def test_recall_curve_by_title_and_searches_past_the_optimal_stop():
     assert title_recall_curve(trajectory, titles, []) is None and searches_past_stop(_record(1.0)) is None
     s = summarize([record, _record(0.0, "answer_tag")])
     assert s["past_stop_per_question"] == 2.0 and s["redundant_per_question"] == 3.0  # means over curves
+
+
+def test_search_floor_is_one_search_per_stage_the_background_lacks():
+    comparison, bridge_comparison = [["A", "B"]], [["F1", "F2"], ["D1", "D2"]]
+    assert search_floor(comparison) == 1  # both compared pages in one multi-query search
+    assert search_floor(comparison, ["A", "B", "X"]) == 0  # the background shows both
+    assert search_floor(comparison, ["A"]) == 1  # one page missing still costs the search
+    assert search_floor(bridge_comparison) == 2 and search_floor(bridge_comparison, ["F1", "F2"]) == 1
+    assert search_floor(bridge_comparison, ["D1", "D2"]) == 1  # the later stage shown, the first not
+    assert search_floor([["P"], ["Q"]], ["Q"]) == 1 and search_floor([["P"], ["Q"]]) == 2  # a bridge
+    assert search_floor([]) is None and search_floor([[]]) is None
+
+
+def _example(qtype, titles, chain=True):
+    ids = [f"p{i}" for i in range(len(titles))]
+    hops = [Hop(f"hop {i}?", f"answer {i}", pid) for i, pid in enumerate(ids)] if chain else []
+    return QAExample(id="q", question="?", answers=["a"], source="test", type=qtype, supporting_titles=titles,
+                     supporting_ids=ids if chain else [], chain=hops)
+
+
+def test_evidence_stages_group_parallel_hops():
+    assert _example("comparison", ["A", "B"]).evidence_stages() == [["A", "B"]]
+    assert _example("bridge_comparison", ["F1", "F2", "D1", "D2"]).evidence_stages() == [["F1", "F2"], ["D1", "D2"]]
+    assert _example("inference", ["P", "M"]).evidence_stages() == [["P"], ["M"]]
+    # HotpotQA: supporting titles and a type, no chain
+    assert _example("comparison", ["A", "B"], chain=False).evidence_stages() == [["A", "B"]]
+    assert _example("bridge", ["P", "Q"], chain=False).evidence_stages() == [["P"], ["Q"]]
+    assert _example(None, [], chain=False).evidence_stages() == []
+
+
+def test_evidence_search_floor_of_a_trajectory():
+    titles = {"d1": "F1", "d2": "F2", "d3": "D1", "d4": "D2", "d5": "Other"}
+    question = _example("bridge_comparison", ["F1", "F2", "D1", "D2"])
+    # RDRA sent 1 query and showed both films: the directors' pages are one multi-query search away
+    whole = {"rdra": {"searches": 1, "doc_ids": ["d1", "d5", "d2"]}, "doc_ids": [["d1"], ["d3", "d4"]]}
+    assert evidence_search_floor(whole, titles, question) == 2
+    half = {"rdra": {"searches": 1, "doc_ids": ["d1", "d5"]}, "doc_ids": []}  # film 2 missing
+    assert evidence_search_floor(half, titles, question) == 3
+    assert evidence_search_floor({"doc_ids": [["d1"]]}, titles, question) == 2  # the plain agent
+    assert evidence_search_floor({"steps": []}, titles, question) is None  # a baseline
+    assert evidence_search_floor(whole, titles, _example(None, [], chain=False)) is None  # no gold titles
+    records = [_record(1.0, "answer_tag") | {"search_floor": 2}, _record(0.0, "answer_tag") | {"search_floor": 3},
+               _record(1.0)]
+    assert summarize(records)["search_floor_per_question"] == 2.5
 
 
 def test_summary_of_baselines_has_no_tagged_em():

@@ -36,8 +36,16 @@ def test_method_end_to_end_on_world_questions(method, backend, world, questions,
         for r in records:  # the recall curve: R_0 (RDRA's background, or nothing) and one point per search
             assert len(r["recall_by_search"]) == 1 + len(r["trajectory"]["doc_ids"])
             assert r["recall_by_search"][-1] == r["retrieval_recall"]  # everything retrieved, counted twice
+        for r, q in zip(records, questions[:2]):  # the fewest searches that complete the gold evidence
+            stages = len(q.stage_groups())
+            if method == "kunlun":  # RDRA's queries always, then at most one per dependency stage
+                fixed = r["trajectory"]["rdra"]["searches"]
+                assert fixed <= r["search_floor"] <= fixed + stages
+            else:  # no background: every stage needs a search of its own
+                assert r["search_floor"] == stages
     else:
         assert all(r["recall_by_search"] is None for r in records)  # baselines keep no per-search ids
+        assert all(r["search_floor"] is None for r in records)
 
 
 def test_judge_rules_cache_and_model_verdicts(backend, tmp_path):

@@ -131,7 +131,7 @@ def _folder(path, state, records=None):
 
 def test_run_costs_and_cost_table_from_run_folders(tmp_path):
     records = [{"id": "a", "em": 1, "searches": 2, "trajectory": {"mask": [1, 1, 0, 1], "rdra": {"searches": 2}},
-                "recall_by_search": [1.0]},
+                "recall_by_search": [1.0], "search_floor": 2},
                {"id": "b", "em": 0, "searches": 3, "trajectory": {"mask": [1, 0, 0]}}]
     dapo = _folder(tmp_path / "dapo", {"seconds": {"sft": 100.0, "dapo": 40.5}, "steps": {"sft": 9, "dapo": 4}},
                    records)
@@ -149,9 +149,10 @@ def test_run_costs_and_cost_table_from_run_folders(tmp_path):
     assert header == COST_HEADER
     assert costs["past_stop_per_question"] == 0.0  # only record "a" has a recall curve, complete at R_0
     assert costs["redundant_per_question"] == 0.0
-    assert rows == [["DAPO", 2, 2.5, 1.5, 0.0, 0.0, 2.0, 40.5, None, 4, ""],
-                    ["ReasonRAG", None, None, None, None, None, None, 12.0, 12.0, 0, "not trained"],
-                    ["PRL", 1, 1.0, 1.0, None, None, None, 30.0, 10.0, 2, ""]]
+    assert costs["search_floor_per_question"] == 2.0  # record "b" was written without a floor
+    assert rows == [["DAPO", 2, 2.5, 2.0, 1.5, 0.0, 0.0, 2.0, 40.5, None, 4, ""],
+                    ["ReasonRAG", None, None, None, None, None, None, None, 12.0, 12.0, 0, "not trained"],
+                    ["PRL", 1, 1.0, None, 1.0, None, None, None, 30.0, 10.0, 2, ""]]
     with pytest.raises(ValueError, match="unknown held-out set"):
         run_costs(dapo, "musique")
 

@@ -100,6 +100,19 @@ def optimal_stop(curve: Sequence[float]) -> int:
     return list(curve).index(max(curve))
 
 
+def search_floor(stages: Sequence[Iterable[str]], background: Iterable[str] = ()) -> int | None:
+    """The fewest searches of the agent's own that complete the gold evidence of one question: one for every
+    dependency stage (:meth:`~kunlunlab.data.types.QAExample.evidence_stages`; the items of a stage go into one
+    multi-query search) that holds an item the ``background`` (RDRA's documents) does not show. What a
+    search-budget reward can bring the agent down to without answering from unread evidence; items are
+    compared as given (ids, or normalised titles). None without stages."""
+    stages = [set(stage) for stage in stages if stage]
+    if not stages:
+        return None
+    shown = set(background)
+    return sum(1 for stage in stages if stage - shown)
+
+
 EXTRA_SEARCHES = ("past_stop", "redundant")
 
 

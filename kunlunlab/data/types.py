@@ -37,6 +37,29 @@ class QAExample:
     chain: list[Hop] = field(default_factory=list)
     context: list[Passage] = field(default_factory=list)  # evidence shipped with the question (HotpotQA)
 
+    def stage_groups(self) -> list[list[int]]:
+        """Which evidence items one (multi-query) search can fetch together: index lists into ``chain`` (into
+        ``supporting_titles`` when there is no chain), one per dependency stage, in order. The two compared
+        items of a comparison share a stage, as do a bridge comparison's two first-hop pages and then its two
+        second-hop pages; every other hop needs the answer of the hop before it (HotpotQA's and 2Wiki's
+        bridge, compositional and inference questions)."""
+        n = len(self.chain) or len(self.supporting_titles)
+        if self.type == "comparison" and n == 2:
+            return [[0, 1]]
+        if self.type == "bridge_comparison" and n == 4:
+            return [[0, 1], [2, 3]]
+        return [[i] for i in range(n)]
+
+    def evidence_stages(self) -> list[list[str]]:
+        """The gold supporting titles grouped as :meth:`stage_groups` groups the evidence (empty without gold
+        titles; a chain hop without a passage is left out)."""
+        if not self.chain:
+            return [[self.supporting_titles[i] for i in group] for group in self.stage_groups()]
+        title_of = dict(zip(self.supporting_ids, self.supporting_titles))
+        stages = [[title_of[self.chain[i].passage_id] for i in group if self.chain[i].passage_id in title_of]
+                  for group in self.stage_groups()]
+        return [stage for stage in stages if stage]
+
 
 class DataFormatError(ValueError):
     """A data file does not match the layout it claims; the message names the file, line/record and field."""

@@ -63,7 +63,7 @@ from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.eval.metrics import (cover_em, exact_match, extra_searches, f1, normalize_answer, recall_by_search,
-                                    retrieval_recall)
+                                    retrieval_recall, search_floor)
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 TAGGED, FALLBACK = "answer_tag", "fallback"
@@ -346,6 +346,7 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
                 "answer_source": o.trajectory.get("answer_source", FALLBACK),
                 "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
                 "recall_by_search": title_recall_curve(o.trajectory, titles, ex.supporting_titles),
+                "search_floor": evidence_search_floor(o.trajectory, titles, ex),
                 "searches": o.searches, "seconds": per_question, "type": ex.type, "trajectory": o.trajectory})
     bar.close()
     if judge_backend is None:
@@ -405,6 +406,23 @@ def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) ->
 
     return recall_by_search([names(ids) for ids in searches], {normalize_answer(t) for t in gold_titles},
                             names(background))
+
+
+def evidence_search_floor(trajectory: dict, titles: dict[str, str], example: QAExample) -> int | None:
+    """The fewest searches with which this trajectory could have completed its gold evidence: RDRA's queries
+    before the first turn (``trajectory.rdra.searches``, fixed by its config) plus one of the agent's own for
+    every dependency stage of the gold chain whose pages the background did not show
+    (:func:`~kunlunlab.eval.metrics.search_floor`; the parallel hops of a comparison share one multi-query
+    search). ``searches`` minus this is what a search-budget reward can cut without the agent answering
+    from evidence it never read. None where :func:`title_recall_curve` is None (no gold titles, or a baseline
+    that keeps no per-search record)."""
+    stages = example.evidence_stages()
+    if title_recall_curve(trajectory, titles, example.supporting_titles) is None or not stages:
+        return None
+    rdra = trajectory.get("rdra") or {}
+    background = [normalize_answer(titles.get(d, "")) for d in rdra.get("doc_ids") or []]
+    own = search_floor([[normalize_answer(t) for t in stage] for stage in stages], background)
+    return int(rdra.get("searches") or 0) + own
 
 
 def _extra_searches(record: dict, kind: str) -> int | None:
@@ -473,6 +491,7 @@ def summarize(records: list[dict]) -> dict:
             "past_stop_per_question": _mean_of([searches_past_stop(r) for r in records]),
             "redundant_per_question": _mean_of([redundant_searches(r) for r in records]),
             "ungrounded_quotes_per_question": _mean_of([ungrounded_quotes(r) for r in records]),
+            "search_floor_per_question": _mean_of([r.get("search_floor") for r in records]),
             "seconds_per_question": mean("seconds")}
 
 

@@ -7,7 +7,10 @@ Per variant (a training run folder):
   one that retrieved new gold evidence, :func:`~kunlunlab.eval.harness.searches_past_stop`, what a
   search-budget reward can cut without losing evidence), the **redundant searches** (every search that
   raised the recall of no gold passage, :func:`~kunlunlab.eval.harness.redundant_searches`: those past the
-  stop and those before it, e.g. a search for what RDRA's background already showed) and **generated
+  stop and those before it, e.g. a search for what RDRA's background already showed), the **search floor**
+  (the fewest searches that complete each trajectory's gold evidence given its RDRA background,
+  :func:`~kunlunlab.eval.harness.evidence_search_floor`: how far a budget could cut at all; None for records
+  written before 2026-11-26, which do not carry it) and **generated
   tokens / question** on the held-out questions of the evaluation after training
   (``eval_after_{world,hotpot}.jsonl``). Generated tokens are the agent's own tokens in its
   turns: the sum of the trajectory's ``mask`` (1 for a sampled token, 0 for the prompt, ``<result>`` blocks
@@ -80,13 +83,14 @@ def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
             "past_stop_per_question": _round(_mean(searches_past_stop(r) for r in records), 2),
             "redundant_per_question": _round(_mean(redundant_searches(r) for r in records), 2),
             "ungrounded_quotes_per_question": _round(_mean(ungrounded_quotes(r) for r in records), 2),
+            "search_floor_per_question": _round(_mean(r.get("search_floor") for r in records), 2),
             "generated_tokens_per_question": _round(_mean(generated_tokens(r) for r in records), 1),
             "training_seconds": round(sum(after_sft), 1) if (seconds or mcts is not None) else None,
             "mcts_seconds": mcts, "seconds_by_stage": seconds, "steps_by_stage": dict(state.get("steps") or {})}
 
 
-COST_HEADER = ["variant", "n", "searches / q", "agent's own searches / q", "past the optimal stop / q",
-               "redundant searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
+COST_HEADER = ["variant", "n", "searches / q", "search floor / q", "agent's own searches / q",
+               "past the optimal stop / q", "redundant searches / q", "generated tokens / q", "training s after SFT", "of which MCTS s",
                "optimizer steps after SFT", "note"]
 
 
@@ -98,7 +102,8 @@ def cost_table(runs: Mapping[str, str | Path], dataset: str = "world",
     for label, folder in runs.items():
         c = run_costs(folder, dataset)
         steps = sum(v for k, v in c["steps_by_stage"].items() if k != "sft")
-        rows.append([label, c["n"], c["searches_per_question"], c["agent_searches_per_question"],
+        rows.append([label, c["n"], c["searches_per_question"], c["search_floor_per_question"],
+                     c["agent_searches_per_question"],
                      c["past_stop_per_question"], c["redundant_per_question"], c["generated_tokens_per_question"],
                      c["training_seconds"], c["mcts_seconds"], steps, (notes or {}).get(label, "")])
     return list(COST_HEADER), rows

@@ -252,7 +252,7 @@ class TrajectoryBuilder:
         """The plan a good planner writes before searching: the sub-questions of the first stage (later
         hops depend on answers not yet known), or the supporting pages of a HotpotQA question."""
         if ex.chain:
-            return "\n".join(ex.chain[i].question for i in self._stages(ex)[0])
+            return "\n".join(ex.chain[i].question for i in ex.stage_groups()[0])
         titles = [t for t in ex.supporting_titles if t in self.by_title][:2]
         return "\n".join(f"About {t}" for t in titles) or ex.question
 
@@ -334,16 +334,6 @@ class TrajectoryBuilder:
         return t
 
     # -- plans
-    @staticmethod
-    def _stages(ex: QAExample) -> list[list[int]]:
-        """Which hops are searched together: parallel hops (comparisons) share one multi-query search."""
-        n = len(ex.chain)
-        if ex.type == "comparison" and n == 2:
-            return [[0, 1]]
-        if ex.type == "bridge_comparison" and n == 4:
-            return [[0, 1], [2, 3]]
-        return [[i] for i in range(n)]
-
     def _reads_background(self, question: str) -> bool:
         """Whether this question's trajectory states the hops the background shows (``background_facts``,
         a share of questions picked by a hash of the text: the same ones in every epoch)."""
@@ -359,7 +349,7 @@ class TrajectoryBuilder:
         segs: list[dict] = []
         noise: list[str] = []
         facts = ""  # what the last turn learned; the next turn's think block states it
-        stages = self._stages(ex)
+        stages = ex.stage_groups()
         known: dict[str, str] = {}  # passage id -> its text as the background shows it (background_facts)
         background = None
         reads_background = self._reads_background(ex.question)
