@@ -333,7 +333,7 @@ class TrajectoryBuilder:
             t.quality = "noisy"
         return t
 
-    # -- plans
+    # -- gold-chain trajectories
     def _reads_background(self, question: str) -> bool:
         """Whether this question's trajectory states the hops the background shows (``background_facts``,
         a share of questions picked by a hash of the text: the same ones in every epoch)."""
