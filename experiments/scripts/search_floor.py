@@ -16,21 +16,17 @@ import json
 import sys
 from pathlib import Path
 
-from kunlunlab.data import World, make_questions
 from kunlunlab.eval.harness import evidence_search_floor
 from kunlunlab.training.config import load_config
+from kunlunlab.training.pipeline import world_questions
 
 
 def floors(run: Path) -> dict:
     if not (run / "train_config.json").is_file() or not (run / "eval_after_world.jsonl").is_file():
         raise SystemExit(f"{run}: not a run folder (needs train_config.json and eval_after_world.jsonl)")
-    cfg = load_config(run / "train_config.json")
-    world = World.generate(n_passages=cfg.world_passages, seed=cfg.world_seed)
+    world, _, heldout = world_questions(load_config(run / "train_config.json"))
     titles = {p.id: p.title for p in world.passages}
-    # the held-out questions as load_training_data draws them (without the HotpotQA and 2Wiki parts)
-    seen = {q.question for q in make_questions(world, cfg.train_questions, seed=cfg.question_seed, id_prefix="train")}
-    pool = make_questions(world, cfg.eval.world_questions * 2 + 20, seed=cfg.heldout_seed, id_prefix="heldout")
-    by_question = {q.question: q for q in pool if q.question not in seen}
+    by_question = {q.question: q for q in heldout}
     records = [json.loads(line) for line in (run / "eval_after_world.jsonl").read_text().splitlines()]
     missing = [r["question"] for r in records if r["question"] not in by_question]
     if missing:

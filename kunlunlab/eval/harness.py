@@ -396,8 +396,8 @@ def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) ->
     """The recall of the gold supporting titles after RDRA's background (R_0) and after each of the agent's
     searches (``trajectory["doc_ids"]``, one list per search): :func:`~kunlunlab.eval.metrics.recall_by_search`
     on normalised titles. None without gold titles or a per-search record (the baselines keep none)."""
-    searches = trajectory.get("doc_ids") if isinstance(trajectory, dict) else None
-    if not gold_titles or not isinstance(searches, list) or not all(isinstance(ids, list) for ids in searches):
+    searches = _per_search_ids(trajectory)
+    if not gold_titles or searches is None:
         return None
     background = (trajectory.get("rdra") or {}).get("doc_ids") or []
 
@@ -406,6 +406,15 @@ def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) ->
 
     return recall_by_search([names(ids) for ids in searches], {normalize_answer(t) for t in gold_titles},
                             names(background))
+
+
+def _per_search_ids(trajectory) -> list[list[str]] | None:
+    """The passage ids of each of the agent's searches (``trajectory["doc_ids"]``); None where a method keeps
+    no per-search record (the single-shot baselines)."""
+    searches = trajectory.get("doc_ids") if isinstance(trajectory, dict) else None
+    if not isinstance(searches, list) or not all(isinstance(ids, list) for ids in searches):
+        return None
+    return searches
 
 
 def evidence_search_floor(trajectory: dict, titles: dict[str, str], example: QAExample) -> int | None:
@@ -417,7 +426,7 @@ def evidence_search_floor(trajectory: dict, titles: dict[str, str], example: QAE
     from evidence it never read. None where :func:`title_recall_curve` is None (no gold titles, or a baseline
     that keeps no per-search record)."""
     stages = example.evidence_stages()
-    if title_recall_curve(trajectory, titles, example.supporting_titles) is None or not stages:
+    if _per_search_ids(trajectory) is None or not stages:  # no stages: no gold titles
         return None
     rdra = trajectory.get("rdra") or {}
     background = [normalize_answer(titles.get(d, "")) for d in rdra.get("doc_ids") or []]

@@ -72,16 +72,23 @@ class TrainingData:
     twowiki_passages: list = field(default_factory=list)  # the 2Wiki paragraph corpus
 
 
-def load_training_data(cfg: TrainConfig) -> TrainingData:
+def world_questions(cfg: TrainConfig) -> tuple[object, list, list]:
+    """The synthetic world of ``cfg`` and its training and held-out questions (no held-out question is a
+    training one), drawn from the config's seeds: the same for every run of the config."""
     from kunlunlab.data import World, make_questions
-    from kunlunlab.data.loaders import corpus_from_examples, load_benchmark
-    from kunlunlab.paths import shared_data_dir
 
     world = World.generate(n_passages=cfg.world_passages, seed=cfg.world_seed)
     train = make_questions(world, cfg.train_questions, seed=cfg.question_seed, id_prefix="train")
     seen = {q.question for q in train}
     pool = make_questions(world, cfg.eval.world_questions * 2 + 20, seed=cfg.heldout_seed, id_prefix="heldout")
-    heldout = [q for q in pool if q.question not in seen][:cfg.eval.world_questions]
+    return world, train, [q for q in pool if q.question not in seen][:cfg.eval.world_questions]
+
+
+def load_training_data(cfg: TrainConfig) -> TrainingData:
+    from kunlunlab.data.loaders import corpus_from_examples, load_benchmark
+    from kunlunlab.paths import shared_data_dir
+
+    world, train, heldout = world_questions(cfg)
     hotpot_train, hotpot_heldout, hotpot_passages = [], [], []
     if cfg.hotpot and shared_data_dir() is not None:
         examples = load_benchmark("hotpotqa_distractor")
@@ -582,4 +589,5 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
 
 
 __all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "training_mixing", "TrainingData", "TrainingRun", "agent_settings", "build_summary",
-           "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train"]
+           "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train",
+           "world_questions"]
