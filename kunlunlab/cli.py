@@ -112,8 +112,9 @@ def cmd_run_notebooks(args: argparse.Namespace) -> int:
 
 EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_total_tokens", "max_result_chars",
                     "stie_rounds", "use_rdra", "use_stie")   # named as in kunlunlab_agent.json
-EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "corpus", "index_kind", "embedder",
-                    "batch_size", "seed", "network_url", "router") + EVAL_AGENT_FLAGS
+EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "judge_api", "judge_key_env",
+                    "corpus", "index_kind", "embedder", "batch_size", "seed", "network_url",
+                    "router") + EVAL_AGENT_FLAGS
 
 
 def _fail(command: str, err: BaseException | str) -> int:
@@ -376,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--judge-url", default=None, metavar="URL",
                    help="OpenAI-compatible server of the judge, e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct "
                         "--port 8002` then --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct")
+    e.add_argument("--judge-api", default=None, choices=("chat", "completions"),
+                   help="--judge-url's route: chat (/v1/chat/completions, any chat model incl. hosted GPT-class; "
+                        "default) or completions (token-id prompts; --judge must then load as a tokenizer here)")
+    e.add_argument("--judge-key-env", default=None, metavar="VAR",
+                   help="NAME of the environment variable holding the chat judge's API key (default OPENAI_API_KEY; "
+                        "unset: no key is sent)")
     e.add_argument("--corpus", default=None, help="corpus file (default: the dataset's own closed corpus)")
     e.add_argument("--index-kind", default=None, choices=INDEX_KINDS, help="retrieval index (default flat)")
     e.add_argument("--embedder", default=None)

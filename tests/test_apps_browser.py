@@ -140,8 +140,8 @@ def test_stie_tuner_in_the_browser(voila_url, browser, tmp_path):
     assert "cached rounds from" in text_of(browser, ".kl-header")
     screenshot(browser, tmp_path, "voila-stie-1-rendered")
 
-    # δ1 0.7: "red green" after "red blue" has D = 1 - 1/3 = 2/3 < 0.7: redundant with round 1 (eq. 8), and
-    # the memory's "red blue" (0.85 > 0.7) replaces it (eq. 12): the gold answer, still 2 rounds
+    # δ1 0.7: "red green" after "red blue" has D = 1 - 1/3 = 2/3 < 0.7: redundant with round 1 (eq. 9), and
+    # the memory's "red blue" (0.85 > 0.7) replaces it (eqs. 10-11): the gold answer, still 2 rounds
     config = replace(STIEConfig(), delta1=0.7)
     set_slider(browser, "delta1", "0.7")
     after_delta1 = "model : EM 1.000 · rounds 2.00 · n 1 | stops: max_rounds 1 | redundant rounds 1, replaced 1, " \

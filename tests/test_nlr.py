@@ -1,5 +1,6 @@
-"""NLR (paper §2.4): eq. 22's relative reward, eq. 20's outcome features, policy-gradient training moves the
-policy to the better tier; routing merges, falls back and counts a dead tier; train-router end to end."""
+"""NLR (paper §2.4, equations as the paper numbers them): eq. 20's dual-objective reward with eq. 21's latency
+and eq. 22's recall terms, the state's outcome features (unnumbered), eq. 23's policy gradient moves the policy
+to the better tier; routing merges, falls back and counts a dead tier; train-router end to end."""
 import json
 from types import SimpleNamespace
 
@@ -8,16 +9,23 @@ import pytest
 from fastapi import FastAPI
 
 from kunlunlab.agent.nlr import (ACTIONS, FAILURE_FEATURE, N_FEATURES, NLRConfig, NetworkLocalRouter, RoutingPolicy,
-                                 SearxngClient, merge_hits, network_tier, routing_reward, state_features)
+                                 SearxngClient, latency_term, merge_hits, network_tier, recall_term, routing_reward,
+                                 state_features)
 from kunlunlab.retrieval import IndexConfig, build_retriever
 from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import RetrievalClient, RetrievalServiceError, ServiceThread, free_port
 
 
 def test_reward_is_relative_recall_gain_plus_relative_latency_saving():
-    # Eq. 22: r = λ_r (R(a) − R(local)) / max R  +  λ_t (T_ref − T(a)) / T_ref, T_ref = max T; values by hand.
+    # Eq. 20: r = λ_r G(a) + λ_t S(a); eq. 21: S(a) = (T_ref − T(a)) / T_ref, T_ref = max T; eq. 22:
+    # G(a) = (R(a) − R(local)) / max R. Values by hand.
     recall = np.array([[0, 1, 1], [1, 1, 0.5], [0, 0, 0], [0.5, 1, 1]], dtype=np.float32)
     latency = np.array([[5, 155, 155], [10, 110, 110], [4, 104, 104], [2, 202, 202]], dtype=np.float32)
+    # eq. 21: the slowest action saves nothing, local saves (T_ref - t_local) / T_ref
+    assert np.allclose(latency_term(latency), [[150 / 155, 0, 0], [100 / 110, 0, 0], [100 / 104, 0, 0],
+                                               [200 / 202, 0, 0]])
+    # eq. 22: gain over local-only, over the best recall of the row; a row where nothing finds the gold is 0
+    assert np.allclose(recall_term(recall), [[0, 1, 1], [0, 0, -0.5], [0, 0, 0], [0, 0.5, 0.5]])
     expected = np.array([[0.5 * 150 / 155, 1.0, 1.0],
                          [0.5 * 100 / 110, 0.0, -0.5],
                          [0.5 * 100 / 104, 0.0, 0.0],
@@ -32,6 +40,7 @@ def test_reward_is_relative_recall_gain_plus_relative_latency_saving():
 
 
 def test_state_features_include_the_retrieval_outcomes():
+    # the state (§2.4's prose, no equation number)
     f = state_features("Who directed The Silent River?", searches_so_far=2, context_tokens=512,
                        local_scores=[6.0, 3.0, 1.0], network_failures=2, score_scale=4.0)
     assert f.shape == (N_FEATURES,)
@@ -43,6 +52,7 @@ def test_state_features_include_the_retrieval_outcomes():
 
 
 def test_policy_gradient_learns_local_for_covered_queries_and_network_for_the_rest():
+    # Eq. 23 (REINFORCE with a baseline) on eq. 20's reward.
     # Constructed case: queries about entities with a year (digits) are only in the wide network corpus;
     # the rest are in the local index, where the network adds only latency.
     rng = np.random.default_rng(0)
@@ -119,7 +129,7 @@ def test_a_dead_network_tier_shows_as_errors_and_local_results_still_come_back(w
     s = router.summary()
     assert s["network_errors"] == 1 and s["network_failed_queries"] == 2 and s["network_calls"] == 1
     assert s["decisions"]["both"] == 2 and "unavailable" in s["last_error"]
-    # the failure enters the next states (eq. 20) and leaves them after failure_window quiet calls
+    # the failure enters the next states (the state's failure feature) and leaves them after failure_window quiet calls
     assert router.states(queries, [{}, {}], local.search(queries, 3))[0, FAILURE_FEATURE] == 0.25
     router.fixed_action = "local"
     router(queries, 3)

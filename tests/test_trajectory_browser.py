@@ -103,9 +103,10 @@ def test_replacement_and_blocking_are_named():
     assert_in_order(page, "STIE decision · round 1", "STIE decision · round 2", "valid: differs enough",
                     "STIE decision · round 3", "redundant with round 2", "δ1",
                     "replaced: the current answer is &#x27;red blue&#x27;")
-    # K = 2: "red green" is now repeated twice and shielded (blocked) at round 3.
+    # K = 2: "red green" is now repeated twice: shielded (eq. 12) and blocked from generation (eq. 13) at round 3.
     page_k2 = record_html(record, stie=STIEConfig(repeat_k=2))
-    assert "blocked (repeated K times or more, eq. 10): red green" in page_k2
+    assert "shielded (given K times or more within the history window, eq. 12): red green" in page_k2
+    assert "blocked from generation (given K times or more, eq. 13): red green" in page_k2
 
 
 def test_baseline_record_shows_query_passages_and_output_without_stie():

@@ -1,14 +1,15 @@
-"""NLR: Network-Local intelligent Routing (paper §2.4, eqs. 20–23).
+"""NLR: Network-Local intelligent Routing (paper §2.4, eqs. 20–23 as the paper numbers them).
 
 Every search can go to the fast local index, to a slower and wider "network" search, or to both.
 A small policy network picks the action from the state; it is trained by policy gradient on the
-paper's dual objective, recall gained against latency paid. The paper gives the shape of each
-equation (a state of query, history and context; a softmax policy; a reward that trades recall
-against latency; a policy-gradient update) and reports its effect in relative terms (local search
-"reduces average time by 42 %", network search "boosts recall by 35 %"). The concrete features,
-the reference actions of the reward and the weights below are our reconstruction:
+paper's dual objective, recall gained against latency paid. The paper numbers the dual-objective
+reward (20), its latency term (21) and its recall term (22), and the policy-gradient update (23); the
+state (query, history and context) and the softmax policy are prose without an equation number. It
+reports the effect in relative terms (local search "reduces average time by 42 %", network search
+"boosts recall by 35 %"). The concrete features, the reference actions of the reward and the weights
+below are our reconstruction:
 
-* (20) state  s = φ(query, history, context, outcomes) (:func:`state_features`, ``N_FEATURES`` values):
+* state (prose)  s = φ(query, history, context, outcomes) (:func:`state_features`, ``N_FEATURES`` values):
   query shape (length, capitalised share, digits, quotes, wh-words, comparison cue); the search
   history and context the rollout engine passes (``searches_so_far``, ``context_tokens``); and the
   retrieval outcomes observed so far: the local tier's answer to this query (top-1 score over the
@@ -20,16 +21,16 @@ the reference actions of the reward and the weights below are our reconstruction
   milliseconds against the network's 100+ ms, so the router runs it first and the policy decides
   from its outcome whether the network is worth the wait (a cascade). Gold recall of earlier searches
   is not observable at inference time, so it is not a feature.
-* (21) policy π_θ(a | s) = softmax(MLP_θ(s)), a ∈ {local, network, both}.
-* (22) reward r(s, a) = λ_r · G(a) + λ_t · S(a), per query, with
-       G(a) = (R(a) − R(local)) / max_a' R(a')      relative recall gain over local-only retrieval
-                                                    (0 when no action finds the gold passage),
-       S(a) = (T_ref − T(a)) / T_ref,  T_ref = max_a' T(a')   relative latency saving against the
-                                                    slowest action for this query,
+* policy (prose) π_θ(a | s) = softmax(MLP_θ(s)), a ∈ {local, network, both}.
+* (20) reward  r(s, a) = λ_r · G(a) + λ_t · S(a), per query (:func:`routing_reward`), with
+* (21) latency S(a) = (T_ref − T(a)) / T_ref,  T_ref = max_a' T(a'): relative latency saving against the
+               slowest action for this query (:func:`latency_term`), and
+* (22) recall  G(a) = (R(a) − R(local)) / max_a' R(a'): relative recall gain over local-only retrieval,
+               0 when no action finds the gold passage (:func:`recall_term`);
   R(a) the recall of the gold passages in the action's top k, T(a) its latency as the router pays it:
-  T(local) = t_local, T(network) = T(both) = t_local + t_network (the cascade). Both terms lie in
-  [−1, 1] and [0, 1] whatever the corpus size or the network's latency, as the paper's relative numbers do.
-* (23) update ∇θ J = E_{a∼π}[(r − b) ∇θ log π_θ(a | s)] + β ∇θ H(π), b a running mean baseline.
+  T(local) = t_local, T(network) = T(both) = t_local + t_network (the cascade). The terms lie in
+  [0, 1] and [−1, 1] whatever the corpus size or the network's latency, as the paper's relative numbers do.
+* (23) update  ∇θ J = E_{a∼π}[(r − b) ∇θ log π_θ(a | s)] + β ∇θ H(π), b a running mean baseline.
 
 The network side is any search function: the retrieval service over a wider corpus with added
 latency (:class:`~kunlunlab.retrieval.service.RetrievalClient`; :func:`network_tier` starts one on
@@ -72,7 +73,8 @@ MAX_FAILURES = 4         # the failure feature saturates here
 def state_features(query: str, searches_so_far: int = 0, context_tokens: int = 0,
                    local_scores: Sequence[float] = (), network_failures: int = 0,
                    score_scale: float = 1.0) -> np.ndarray:
-    """Eq. (20): a fixed-length state from the query, the history/context and the retrieval outcomes.
+    """NLR's state (§2.4, no equation number): a fixed-length vector from the query, the history/context
+    and the retrieval outcomes.
 
     ``local_scores``: the ranked scores of the local tier's hits for this query (the cascade's probe;
     empty when the local tier found nothing). ``score_scale``: the typical top-1 local score of the
@@ -97,9 +99,10 @@ def state_features(query: str, searches_so_far: int = 0, context_tokens: int = 0
 
 @dataclass
 class NLRConfig:
-    recall_weight: float = 1.0      # λ_r, eq. (22)
-    latency_weight: float = 0.25    # λ_t, eq. (22): a full latency saving is worth a quarter of finding the gold
-    score_scale: float = 1.0        # typical top-1 local score (eq. 20); set from the training data
+    recall_weight: float = 1.0      # λ_r, eq. (20), on the recall term of eq. (22)
+    latency_weight: float = 0.25    # λ_t, eq. (20), on the latency term of eq. (21): a full latency saving is
+    #                                 worth a quarter of finding the gold
+    score_scale: float = 1.0        # typical top-1 local score (a state feature); set from the training data
     hidden: int = 32
     lr: float = 0.03
     epochs: int = 200
@@ -111,22 +114,33 @@ class NLRConfig:
             raise ValueError(f"NLR weights must be non-negative and score_scale positive: {self}")
 
 
-def routing_reward(recall: np.ndarray, latency_ms: np.ndarray, config: NLRConfig) -> np.ndarray:
-    """Eq. (22) over a (queries x actions) table, columns in :data:`ACTIONS` order:
-    r = λ_r · (R(a) − R(local)) / max_a' R(a')  +  λ_t · (T_ref − T(a)) / T_ref,  T_ref = max_a' T(a')."""
-    recall = np.asarray(recall, dtype=np.float64)
+def latency_term(latency_ms: np.ndarray) -> np.ndarray:
+    """Eq. (21) over a (queries x actions) table: S(a) = (T_ref − T(a)) / T_ref, T_ref = max_a' T(a')."""
     latency = np.asarray(latency_ms, dtype=np.float64)
+    ref = np.broadcast_to(latency.max(1, keepdims=True), latency.shape)
+    return np.divide(ref - latency, ref, out=np.zeros_like(latency), where=ref > 0)
+
+
+def recall_term(recall: np.ndarray) -> np.ndarray:
+    """Eq. (22) over a (queries x actions) table: G(a) = (R(a) − R(local)) / max_a' R(a'), 0 where no action
+    finds the gold."""
+    recall = np.asarray(recall, dtype=np.float64)
+    best = np.broadcast_to(recall.max(1, keepdims=True), recall.shape)
+    return np.divide(recall - recall[:, LOCAL:LOCAL + 1], best, out=np.zeros_like(recall), where=best > 0)
+
+
+def routing_reward(recall: np.ndarray, latency_ms: np.ndarray, config: NLRConfig) -> np.ndarray:
+    """Eq. (20), the dual-objective reward, over a (queries x actions) table, columns in :data:`ACTIONS` order:
+    r = λ_r · G(a) (eq. 22)  +  λ_t · S(a) (eq. 21)."""
+    recall, latency = np.asarray(recall), np.asarray(latency_ms)
     if recall.shape != latency.shape or recall.ndim != 2 or recall.shape[1] != len(ACTIONS):
         raise ValueError(f"recall {recall.shape} and latency {latency.shape} must both be (queries, {len(ACTIONS)})")
-    best = np.broadcast_to(recall.max(1, keepdims=True), recall.shape)
-    gain = np.divide(recall - recall[:, LOCAL:LOCAL + 1], best, out=np.zeros_like(recall), where=best > 0)
-    ref = np.broadcast_to(latency.max(1, keepdims=True), latency.shape)
-    saving = np.divide(ref - latency, ref, out=np.zeros_like(latency), where=ref > 0)
-    return (config.recall_weight * gain + config.latency_weight * saving).astype(np.float32)
+    return (config.recall_weight * recall_term(recall) + config.latency_weight * latency_term(latency)
+            ).astype(np.float32)
 
 
 class RoutingPolicy:
-    """Eq. (21): a two-layer MLP over the state, softmax over the three actions."""
+    """NLR's policy (§2.4, no equation number): a two-layer MLP over the state, softmax over the three actions."""
 
     def __init__(self, config: NLRConfig | None = None, meta: dict | None = None):
         import torch
@@ -155,7 +169,7 @@ class RoutingPolicy:
         """Eq. (23): REINFORCE with a running baseline over logged outcomes of every action.
 
         ``recall`` and ``latency_ms`` are (queries x 3) tables measured by :meth:`NetworkLocalRouter.collect`;
-        each epoch samples one action per state from the current policy and is rewarded by the table (eq. 22).
+        each epoch samples one action per state from the current policy and is rewarded by the table (eq. 20).
         """
         import torch
 
@@ -190,7 +204,7 @@ class RoutingPolicy:
 
     @classmethod
     def load(cls, path) -> "RoutingPolicy":
-        """Loads what :meth:`save` wrote; a file from an older state layout (eq. 20) is refused by name."""
+        """Loads what :meth:`save` wrote; a file from an older state layout is refused by name."""
         import torch
 
         blob = torch.load(path, weights_only=True)
@@ -198,7 +212,7 @@ class RoutingPolicy:
         if n_features != N_FEATURES or list(blob.get("actions", ACTIONS)) != list(ACTIONS):
             raise ValueError(f"routing policy {path} was saved for {n_features} state features and actions "
                              f"{blob.get('actions', ACTIONS)}; this version uses {N_FEATURES} and {ACTIONS} "
-                             f"(eq. 20 changed): retrain it with `kunlunlab train-router`")
+                             f"(the state features changed): retrain it with `kunlunlab train-router`")
         policy = cls(NLRConfig(**blob["config"]), meta=blob.get("meta"))
         policy.net.load_state_dict(blob["state_dict"])
         return policy
@@ -238,7 +252,7 @@ class RoutingTable:
     """Every action measured on each query (:meth:`NetworkLocalRouter.collect`): the training data of eq. (23).
 
     ``recall`` and ``latency_ms`` are (queries x 3) in :data:`ACTIONS` order; the latency is what the
-    policy router pays (eq. 22's T(a)): t_local for local, t_local + t_network for network and both.
+    policy router pays (eq. 21's T(a)): t_local for local, t_local + t_network for network and both.
     ``local_ms`` / ``network_ms`` are the tiers alone, for the fixed-action baselines (which overlap the tiers).
     """
 
@@ -253,7 +267,7 @@ class RoutingTable:
     network_ok: np.ndarray
 
     def states(self, score_scale: float = 1.0) -> np.ndarray:
-        """Eq. (20) states of the measured queries, with the local outcomes scaled by ``score_scale``."""
+        """The states of the measured queries, with the local outcomes scaled by ``score_scale``."""
         return np.stack([state_features(q, c.get("searches_so_far", 0), c.get("context_tokens", 0), s, f,
                                         score_scale)
                          for q, c, s, f in zip(self.queries, self.contexts, self.local_scores, self.network_failures)]
@@ -271,7 +285,7 @@ def recall_of(hits: Sequence[Hit], gold: set[str]) -> float:
 class NetworkLocalRouter:
     """A search function that routes each query by the policy and merges the tiers' results.
 
-    With a policy (eqs. 20–21) the local tier runs first for every query and its outcome enters the
+    With a policy (the state and policy of §2.4) the local tier runs first for every query and its outcome enters the
     state; the policy then sends the query to the network too ("both"), instead ("network": the
     network's hits replace the local ones) or not at all ("local"). With ``fixed_action`` (or no
     policy: "local") the tiers run concurrently as the action says. A failed network request falls
@@ -296,7 +310,7 @@ class NetworkLocalRouter:
         return "policy" if self.policy is not None and self.fixed_action is None else f"fixed:{self.fixed_action or 'local'}"
 
     def recent_failures(self) -> int:
-        """Failed network requests in the last ``failure_window`` router calls (eq. 20's failure feature).
+        """Failed network requests in the last ``failure_window`` router calls (the state's failure feature).
         A window rather than a running total, so that a tier that comes back is tried again."""
         while self._failed_at and self._failed_at[0] <= self.stats.router_calls - self.failure_window:
             self._failed_at.popleft()

@@ -5,14 +5,14 @@ passages, drawn at random), the network tier is the retrieval service over the w
 started on loopback with ``added_latency_ms`` per request (or an already running one at
 ``network_url``). Every hop of the training questions is one query with one gold passage; the
 router measures recall and latency of local, network and both on each (:meth:`NetworkLocalRouter.collect`),
-the policy is trained on that table by policy gradient (eq. 23 on eq. 22's reward) and saved where
+the policy is trained on that table by policy gradient (eq. 23 on eq. 20's reward) and saved where
 ``EvalConfig(router=...)`` loads it.
 
 Training questions are drawn with their own seed (``seed + 1000``) and exclude the questions the eval
 harness draws for the same world (``seed + 1``), so a router is not trained on evaluation questions.
 The engine's ``context_tokens`` cannot be measured without an LLM; it is approximated per hop as
 ``context_tokens_base + hop · context_tokens_per_hop``. A healthy training tier never fails, so the
-failure feature of eq. (20) would never be seen; ``outage_fraction`` of the training rows are copied
+failure feature of the state would never be seen; ``outage_fraction`` of the training rows are copied
 as outage states (failure feature set, network recall 0, "both" = local) so the policy learns to stay
 local while the tier is down.
 """

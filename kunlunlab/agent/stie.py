@@ -1,41 +1,70 @@
 """STIE: Search-Think Iterative Enhancement, a controller over the agent's answer rounds.
 
-Source: arXiv 2506.19466 (KunLunBaizeRAG), §2.2, equations 5–13: a three-tier "memory – filter –
-confidence" framework. What we could read of the paper (its abstract, and a secondary summary of
-§2.2 whose text kept the prose but dropped the typeset mathematics) fixes the structure: a memory of
-earlier answers; a lexical overlap O and a difference D between a new answer and that history; a
-validity test against the last three rounds with asymmetric thresholds δ1..δ3; replacement of an
-answer that fails it by a more confident candidate that is not blocked; a blocklist of answers
-generated K or more times; and termination when the overlap with earlier answers is low, when
-confidence plateaus, or when the information changes little between rounds. **The exact formulas
-below are our reconstruction of that prose**, numbered as the paper numbers them.
+Source: arXiv 2506.19466 (KunLunBaizeRAG), §2.2, equations (5)–(13): a three-tier "memory – filter –
+confidence" framework. What we could read of the paper (its abstract, and secondary summaries of §2.2
+that kept the prose but dropped the typeset mathematics) fixes the structure and the numbering: (5) a
+memory of earlier answers; (6) a lexical overlap O and (7) a difference D between a new answer and
+that history; (8) the difference aggregated as a minimum over the recent rounds and (9) compared with
+asymmetric thresholds δ1..δ3; (10) a replacement condition against the candidate with the
+second-highest confidence outside the shielded set and (11) the replacement itself; (12) the frequency
+of an answer within a historical window, which puts it into the shielded set; (13) the repeat count with
+an indicator function that blocks the answer's future generation. Termination (low overlap with earlier
+answers, confidence plateaus, information changes little between rounds) is unnumbered prose, as is the
+final ranking "highest confidence, lowest redundancy". **The exact formulas below are our
+reconstruction of that prose**; the equation numbers are the paper's.
 
-* (5) answer memory   M_t = [(a_1, c_1), …, (a_{t-1}, c_{t-1})], c = exp(mean token log-prob).
-* (6) overlap         O(a, b) = |W(a) ∩ W(b)| / |W(a) ∪ W(b)|, W = set of normalised, stemmed words.
-* (7) difference      D(a, b) = 1 − O(a, b).
-* (8) validity        a_t is *valid* (new) iff D(a_t, a_{t-k}) ≥ δ_k for every lag k = 1..3 whose
-  round gave an answer. The thresholds are asymmetric: repeating the last round is judged most
-  strictly (δ1 ≥ δ2 ≥ δ3). An answer that fails is *redundant* with the round it failed against.
-* (9) repeat count    n(a) counts the rounds whose answer was a (the same words) or redundant with it.
-* (10) shielded set   S = {a : n(a) ≥ K}: an answer repeated K times is blocked (a reasoning loop).
-* (11) candidate set  C = answers in the memory that are not in S, each with its best confidence
-  (and the surface form that had it).
-* (12) replacement    a valid, unshielded a_t is accepted as the current answer, even when it is less
-  confident than earlier ones (it carries what the latest search found). A redundant (or shielded)
-  a_t is replaced by argmax_{a ∈ C} c(a); its own answer, if still in C, is kept unless another
-  candidate beats it by more than ``margin`` (0 by default, i.e. the paper's "higher confidence").
-  If every candidate is shielded, the most confident answer is kept and ``all_blocked`` is set.
-* (13) termination    stop after round t when (i) a_t is valid and its *mean* overlap with the last
-  up-to-3 answered rounds (the δ1..δ3 lags) is below ``overlap_stop``: a genuinely new answer broke
-  the loop; (ii) c_t ≥ ``confidence_ceiling`` and a_t is not shielded; (iii) the round retrieved a
-  share of new documents below ``min_new_info`` (searching no longer brings information); and
-  always at ``max_rounds``.
+* (5)  memory        M_t = [(a_1, c_1), …, (a_{t-1}, c_{t-1})], c = exp(mean token log-prob).
+* (6)  overlap       O(a, b) = |W(a) ∩ W(b)| / |W(a) ∪ W(b)|, W = set of normalised, stemmed words.
+* (7)  difference    D(a, b) = 1 − O(a, b).
+* (8)  aggregated    D̄_t = min_k D(a_t, a_{t-k}) over the lags k = 1..3 whose round gave an answer
+       difference    (rounds without an answer are left out; no answered round: D̄_t undefined, a_t valid).
+* (9)  thresholds    a_t is *valid* (new) iff D(a_t, a_{t-k}) ≥ δ_k for each of those lags, asymmetric
+                     δ1 ≥ δ2 ≥ δ3: repeating the last round is judged most strictly. An answer that fails
+                     is *redundant* with the first lag it fails against.
+* (10) condition     C_t = the answers of the memory outside the shielded set S_t (12), each with its best
+                     confidence (and the surface form that had it). A redundant a_t is replaced iff its
+                     rival a' = argmax_{a ∈ C_t, a ≠ a_t} c(a) (the second-highest confidence when a_t
+                     leads) beats it: c(a') > c(a_t) + ``margin``. A shielded a_t is not in C_t: the
+                     condition holds for the most confident candidate.
+* (11) replacement   â_t = a' if (10) holds, else a_t (in its most confident surface form). A valid,
+                     unshielded a_t is accepted as â_t as it is. If C_t is empty the most confident answer
+                     is kept and ``all_blocked`` is set. Equal confidences go to the earlier answer.
+* (12) frequency     f_t(a) = |{τ ∈ (t − H, t] : round τ's answer is a or redundant with it}|, H =
+                     ``history_window`` (None: the whole memory); S_t = {a : f_t(a) ≥ K}.
+* (13) repeat count  n_t(a) = the same count over the whole memory; 𝟙[n_t(a) ≥ K] blocks a's future
+                     generation: B_t = {a : n_t(a) ≥ K} (:meth:`STIEController.blocked_answers`). Since
+                     f_t ≤ n_t, S_t ⊆ B_t; with H = None they are equal.
 
-Choices of ours, not the paper's: W truncates words to 5 characters (so "Russia"/"Russian" match);
-the mean in (13i) runs over the same three lags as (8); criterion (i) requires a_t to be valid (a
-low mean can hide a high overlap with the last round); "confidence plateaus" is read as a ceiling
-(13ii); "information changes little" as the share of newly retrieved documents (13iii); ``margin``
-exists as a knob (0 reproduces the paper's rule).
+Termination (prose, no equation number): stop after round t when (i) a_t is valid and its *mean* overlap
+with the up-to-3 answered rounds of (8) is below ``overlap_stop``: a genuinely new answer broke the loop;
+(ii) c_t ≥ ``confidence_ceiling`` and a_t is not shielded; (iii) the round retrieved a share of new
+documents below ``min_new_info`` (searching no longer brings information); and always at ``max_rounds``.
+
+Final pick (the ranking step, prose): ``final_pick="confidence"`` answers with the candidate of C_t
+that has the highest confidence, ties going to the lowest redundancy n_t(a), then to the earlier answer
+(the paper's "highest confidence, lowest redundancy"); ``final_pick="latest"`` answers with â_t of
+(11), the latest accepted answer, even when an earlier candidate was more confident (it carries what
+the latest search found). The pick is applied after every round, so the online controller and
+:func:`replay` answer the same whenever they stop.
+
+Departures, each with its reason:
+
+* ``final_pick`` defaults to ``"latest"``, not the paper's ``"confidence"``: the trained checkpoints
+  and the measured ``make run`` numbers were produced with it, and changing the default would change
+  those numbers without a measurement of which pick is better (pending: EM with each pick on the
+  trained checkpoint, paired, held-out world questions).
+* ``history_window`` defaults to None (the whole memory): the paper's text that we could read names a
+  historical window but no size, and None keeps the behaviour the measured numbers were made with.
+* (8)–(9): the paper compares the minimum difference with three thresholds; we apply δ_k to lag k
+  (the minimum of (8) taken lag by lag against its own threshold), which is how three thresholds can
+  act on one minimum. ``min_difference`` reports D̄_t itself.
+* (13)'s block is a blocked set and a note in the feedback turn ("Do not give these again"), not yet a
+  constraint on generation (that needs the rollout engine: a bad-words constraint on the answer span).
+* W truncates words to 5 characters (so "Russia"/"Russian" match); the mean of termination (i) runs over
+  the same three lags as (8); criterion (i) requires a_t to be valid (a low mean can hide a high overlap
+  with the last round); "confidence plateaus" is read as a ceiling (ii); "information changes little" as
+  the share of newly retrieved documents (iii); ``margin`` exists as a knob (0 reproduces the paper's
+  "higher confidence"); c(a_t) in (10) is the best confidence of a_t's answer so far.
 
 The controller is a pure function of the rounds, so :func:`replay` re-scores cached rounds with
 other thresholds without regenerating (notebook 05).
@@ -48,30 +77,38 @@ from typing import Literal, Sequence
 from kunlunlab.data.answers import normalize_answer
 
 Difference = Literal["complement", "added_share"]
-LAGS = 3  # eq. (8): δ1..δ3; eq. (13i) averages over the same lags
+FinalPick = Literal["latest", "confidence"]
+LAGS = 3  # eqs. (8)-(9): δ1..δ3; termination (i) averages over the same lags
 
 
 @dataclass
 class STIEConfig:
-    delta1: float = 0.6   # minimum difference against the previous round, eq. (8)
+    delta1: float = 0.6   # minimum difference against the previous round, eq. (9)
     delta2: float = 0.5   # … against two rounds back
     delta3: float = 0.4   # … against three rounds back
-    repeat_k: int = 3     # K: rounds of one answer before it is shielded, eq. (10)
-    margin: float = 0.0   # confidence a rival needs over a redundant answer's own, eq. (12)
-    overlap_stop: float = 0.2  # eq. (13i): mean overlap with recent rounds below this ends the loop
-    confidence_ceiling: float = 0.9  # eq. (13ii)
-    min_new_info: float = 0.1  # eq. (13iii): share of new documents in the round
+    repeat_k: int = 3     # K: rounds of one answer before it is shielded (eq. 12) and blocked (eq. 13)
+    margin: float = 0.0   # confidence a rival needs over a redundant answer's own, eq. (10)
+    overlap_stop: float = 0.2  # termination (i): mean overlap with recent rounds below this ends the loop
+    confidence_ceiling: float = 0.9  # termination (ii)
+    min_new_info: float = 0.1  # termination (iii): share of new documents in the round
     # K + 2: after the K-th repeat is shielded, the model gets the blocked-answer feedback for two more
     # rounds (one may still echo the loop, as in the paper's Russia/France example of five rounds).
     # With max_rounds <= K blocking could never change an answer.
     max_rounds: int = 5
     difference: Difference = "complement"  # eq. (7); "added_share" is the earlier variant, see difference()
+    history_window: int | None = None  # H of eq. (12), in rounds; None: the whole memory (see the module docstring)
+    final_pick: FinalPick = "latest"   # the ranking step; "confidence" is the paper's (see the module docstring)
 
     def __post_init__(self):
         if self.repeat_k < 1 or self.max_rounds < 1:
             raise ValueError("repeat_k and max_rounds must be at least 1")
         if self.difference not in ("complement", "added_share"):
             raise ValueError(f"unknown difference measure {self.difference!r}")
+        if self.final_pick not in ("latest", "confidence"):
+            raise ValueError(f"unknown final_pick {self.final_pick!r}; choose 'latest' or 'confidence'")
+        if self.history_window is not None and self.history_window < self.repeat_k:
+            raise ValueError(f"history_window ({self.history_window}) must be at least repeat_k ({self.repeat_k}) "
+                             "or None: a shorter window could never shield an answer (eq. 12)")
 
     @property
     def deltas(self) -> tuple[float, float, float]:
@@ -91,13 +128,15 @@ class RoundInput:
 class STIEDecision:
     round: int
     accepted: str | None
-    redundant_with: int | None  # index of the earlier round it repeats, if any (eq. 8)
-    shielded: list[str]         # surface forms of every shielded answer (eq. 10)
+    redundant_with: int | None  # index of the earlier round it repeats, if any (eq. 9)
+    shielded: list[str]         # surface forms of every shielded answer, S_t (eq. 12)
     stop: bool
     reason: str | None  # "new_answer", "confident", "no_new_info", "max_rounds"
     all_blocked: bool = False
-    replaced: bool = False      # eq. (12) put another candidate in place of a_t
-    mean_overlap: float | None = None  # eq. (13i), over the answered rounds among the last 3
+    replaced: bool = False      # eqs. (10)-(11), or the final pick, put another answer in place of a_t
+    mean_overlap: float | None = None  # termination (i), over the answered rounds among the last 3
+    min_difference: float | None = None  # D̄_t, eq. (8)
+    blocked: list[str] = field(default_factory=list)  # surface forms blocked from generation, B_t (eq. 13)
 
 
 STEM_CHARS = 5
@@ -133,7 +172,7 @@ class _Answer:
 
     words: frozenset
     surfaces: list[str]
-    count: int = 0                         # n(a), eq. (9)
+    rounds: list[int] = field(default_factory=list)  # the rounds that count for it: n(a) = len(rounds), eq. (13)
     best_conf: float = float("-inf")
     best_surface: str = ""
 
@@ -150,34 +189,45 @@ class _State:
     def accepted(self) -> str | None:
         return self.answers[self.accepted_idx].best_surface if self.accepted_idx is not None else None
 
-    def shielded(self, k: int) -> set[int]:
-        return {i for i, a in enumerate(self.answers) if a.count >= k}  # eq. (10)
+    def frequency(self, i: int, window: int | None) -> int:
+        """Eq. (12): f_t(a), the rounds of answer ``i`` among the last ``window`` rounds (None: all)."""
+        rounds = self.answers[i].rounds
+        return len(rounds) if window is None else sum(r >= len(self.memory) - window for r in rounds)
 
-    def _redundant_with(self, w: frozenset, cfg: STIEConfig) -> int | None:
-        """Eq. (8): the first lag k = 1..3 whose answer a_t does not differ from by δ_k."""
+    def shielded(self, cfg: STIEConfig) -> set[int]:
+        return {i for i in range(len(self.answers)) if self.frequency(i, cfg.history_window) >= cfg.repeat_k}
+
+    def blocked(self, k: int) -> set[int]:
+        return {i for i, a in enumerate(self.answers) if len(a.rounds) >= k}  # eq. (13): 𝟙[n(a) ≥ K]
+
+    def surfaces(self, indices: set[int]) -> list[str]:
+        return sorted(s for i in indices for s in self.answers[i].surfaces)
+
+    def _recent_differences(self, w: frozenset, cfg: STIEConfig) -> list[tuple[int, float]]:
+        """(round, D(a_t, a_round)) for the lags k = 1..3 whose round gave an answer, lag 1 first."""
         t = len(self.memory)
-        for lag, delta in enumerate(cfg.deltas, start=1):
-            j = t - lag
-            if j < 0:
-                break
-            if not self.memory[j][0]:  # that round gave no answer: nothing to repeat
-                continue
-            if difference(w, self.memory[j][0], cfg.difference) < delta:
-                return j
-        return None
+        return [(t - lag, difference(w, self.memory[t - lag][0], cfg.difference))
+                for lag in range(1, LAGS + 1) if t - lag >= 0 and self.memory[t - lag][0]]
 
     def _mean_recent_overlap(self, w: frozenset) -> float | None:
-        """Eq. (13i): mean O(a_t, a_{t-k}) over the answered rounds among the last three."""
+        """Termination (i): mean O(a_t, a_{t-k}) over the answered rounds among the last three."""
         recent = [m[0] for m in self.memory[-LAGS:] if m[0]]
         return sum(overlap(w, m) for m in recent) / len(recent) if recent else None
+
+    def _rank(self, candidates: list[int]) -> int:
+        """The final pick's order: highest confidence, then lowest redundancy n(a), then the earlier."""
+        return max(candidates, key=lambda i: (self.answers[i].best_conf, -len(self.answers[i].rounds), -i))
 
     def step(self, r: RoundInput, cfg: STIEConfig) -> STIEDecision:
         t = len(self.memory)
         w = words(r.answer)
-        redundant_with = self._redundant_with(w, cfg) if w else None
+        diffs = self._recent_differences(w, cfg) if w else []
+        min_difference = min((d for _, d in diffs), default=None)  # eq. (8)
+        deltas = {t - lag: delta for lag, delta in enumerate(cfg.deltas, start=1)}
+        redundant_with = next((j for j, d in diffs if d < deltas[j]), None)  # eq. (9)
         mean_overlap = self._mean_recent_overlap(w) if w else None
 
-        # Eq. (9): a redundant round counts for the answer it repeats; a valid one for the identical
+        # Eqs. (12)-(13): a redundant round counts for the answer it repeats; a valid one for the identical
         # answer further back if there is one (the same words), otherwise it opens a new answer.
         idx = None
         if w:
@@ -189,7 +239,7 @@ class _State:
                 idx = len(self.answers)
                 self.answers.append(_Answer(w, []))
             a = self.answers[idx]
-            a.count += 1
+            a.rounds.append(t)
             if r.answer not in a.surfaces:
                 a.surfaces.append(r.answer)
             if r.confidence > a.best_conf:  # ties keep the earlier surface form
@@ -197,23 +247,25 @@ class _State:
         self.memory.append((w, r.answer, r.confidence))
         self.answer_of.append(idx)
 
-        shielded = self.shielded(cfg.repeat_k)
-        valid = idx is not None and redundant_with is None and idx not in shielded  # eq. (8), and not in S
-        all_blocked = replaced = False
-        if valid:  # eq. (12): a new answer is accepted (in its most confident surface form)
+        shielded = self.shielded(cfg)
+        valid = idx is not None and redundant_with is None and idx not in shielded  # eq. (9), and not in S
+        candidates = [i for i in range(len(self.answers)) if i not in shielded]  # C_t, eq. (10)
+        all_blocked = idx is not None and not candidates
+        if valid:  # eq. (11): a new answer is accepted (in its most confident surface form)
             self.accepted_idx = idx
-        elif idx is not None:  # eqs. (11)-(12): a redundant or shielded answer is replaced
-            candidates = [i for i in range(len(self.answers)) if i not in shielded]  # eq. (11)
-            if not candidates:  # everything is blocked: keep the most confident answer
-                candidates, all_blocked = list(range(len(self.answers))), True
-            best = max(candidates, key=lambda i: (self.answers[i].best_conf, -i))  # ties: the earlier
+        elif idx is not None:  # eqs. (10)-(11): a redundant or shielded answer is replaced by a stronger rival
+            pool = candidates or list(range(len(self.answers)))  # all shielded: the most confident is kept
+            best = max(pool, key=lambda i: (self.answers[i].best_conf, -i))  # ties: the earlier
             if idx in candidates and self.answers[best].best_conf <= self.answers[idx].best_conf + cfg.margin:
-                best = idx
+                best = idx  # eq. (10) fails: no rival beats a_t's own answer by more than the margin
             self.accepted_idx = best
-            replaced = best != idx or self.answers[idx].best_surface != r.answer
         # a round without an answer leaves the accepted answer as it was
+        if cfg.final_pick == "confidence" and self.answers:  # the ranking step over C_t
+            self.accepted_idx = self._rank(candidates or list(range(len(self.answers))))
+        replaced = idx is not None and (self.accepted_idx != idx
+                                        or (not valid and self.answers[idx].best_surface != r.answer))
 
-        # Eq. (13): termination.
+        # Termination (prose of §2.2).
         new_docs = set(r.doc_ids) - self.seen_docs
         self.seen_docs |= set(r.doc_ids)
         new_share = len(new_docs) / len(set(r.doc_ids)) if r.doc_ids else 0.0
@@ -226,9 +278,9 @@ class _State:
             reason = "no_new_info"
         elif t + 1 >= cfg.max_rounds:
             reason = "max_rounds"
-        blocked = sorted(s for i in shielded for s in self.answers[i].surfaces)
-        return STIEDecision(t, self.accepted, redundant_with, blocked, reason is not None, reason,
-                            all_blocked, replaced, mean_overlap)
+        return STIEDecision(t, self.accepted, redundant_with, self.surfaces(shielded), reason is not None, reason,
+                            all_blocked, replaced, mean_overlap, min_difference,
+                            self.surfaces(self.blocked(cfg.repeat_k)))
 
 
 @dataclass
@@ -256,12 +308,19 @@ class STIEController:
         state = self._state.get(sample)
         return state.accepted if state else None
 
+    def blocked_answers(self, sample: int) -> list[str]:
+        """Eq. (13): the surface forms whose future generation is blocked for ``sample`` (n(a) ≥ K), sorted;
+        for a generation constraint on the answer span. Empty for a sample not seen yet."""
+        state = self._state.get(sample)
+        return state.surfaces(state.blocked(self.config.repeat_k)) if state else []
+
 
 def feedback_text(decision: STIEDecision, state: _State) -> str:
-    """The controller's note to the model before its next round (appended as environment tokens)."""
+    """The controller's note to the model before its next round (appended as environment tokens); it names
+    the answers eq. (13) blocks."""
     parts = [f"Answer memory: {', '.join(a for _, a, _ in state.memory if a) or 'no answer yet'}."]
-    if decision.shielded:
-        parts.append(f"Blocked (repeated too often): {', '.join(decision.shielded)}. Do not give these again.")
+    if decision.blocked:
+        parts.append(f"Blocked (repeated too often): {', '.join(decision.blocked)}. Do not give these again.")
     parts.append("Verify with a new search that differs from earlier ones, then answer again.")
     return " ".join(parts)
 

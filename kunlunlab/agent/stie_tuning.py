@@ -17,9 +17,9 @@ from kunlunlab.data.answers import exact_match
 Case = tuple[list[str], list[RoundInput]]  # (gold answers, rounds)
 
 # Collection: every round is generated (no early stop), so replays can stop wherever a setting says.
-# Each value switches one termination criterion of eq. (13) off: a mean overlap is never below -1 (i),
+# Each value switches one termination criterion (§2.2's prose) off: a mean overlap is never below -1 (i),
 # a confidence never reaches 1.1 (ii), a share of new documents is never below -1 (iii); only
-# max_rounds ends the loop. Replacement and shielding (eqs. 11-12) still act on the collected rounds.
+# max_rounds ends the loop. Replacement and shielding (eqs. 10-12) still act on the collected rounds.
 COLLECT_ALL_ROUNDS = dict(confidence_ceiling=1.1, overlap_stop=-1.0, min_new_info=-1.0)
 
 
@@ -40,7 +40,7 @@ def simulated_cases(golds: Sequence[str], distractors: Sequence[str], n_rounds: 
     tries another distractor. Correct answers come with higher confidence on average.
 
     Each round retrieves two documents; a looping round re-reads one of the previous round's (a share of
-    new documents of 1/2), the others read two new ones, so eq. (13iii)'s ``min_new_info`` has something
+    new documents of 1/2), the others read two new ones, so termination (iii)'s ``min_new_info`` has something
     to act on in the simulation too."""
     rng = np.random.default_rng(seed)
     variants = ("{}", "the {}", "{} ({})", "{}.")
@@ -96,15 +96,15 @@ def grid_search(cases: Sequence[Case], base: STIEConfig, x_name: str, x_values: 
 # out: it only reproduces earlier runs. 0 switches a termination criterion off (no mean overlap, share
 # of new documents is below 0); a confidence ceiling of 1 is reached only by a certain answer.
 CONTROLS: dict[str, tuple[float, float, float]] = {
-    "delta1": (0.0, 1.0, 0.05), "delta2": (0.0, 1.0, 0.05), "delta3": (0.0, 1.0, 0.05),  # eq. (8)
-    "repeat_k": (1, 6, 1),                                                                 # eq. (10)
-    "margin": (0.0, 1.0, 0.05),                                                            # eq. (12)
-    "overlap_stop": (0.0, 1.0, 0.05), "confidence_ceiling": (0.0, 1.0, 0.05),             # eq. (13 i, ii)
-    "min_new_info": (0.0, 1.0, 0.05),                                                      # eq. (13 iii)
-    "max_rounds": (1, STIEConfig().max_rounds, 1),                                         # eq. (13)
+    "delta1": (0.0, 1.0, 0.05), "delta2": (0.0, 1.0, 0.05), "delta3": (0.0, 1.0, 0.05),  # eq. (9)
+    "repeat_k": (1, 6, 1),                                                                 # eqs. (12)-(13)
+    "margin": (0.0, 1.0, 0.05),                                                            # eq. (10)
+    "overlap_stop": (0.0, 1.0, 0.05), "confidence_ceiling": (0.0, 1.0, 0.05),             # termination (i, ii)
+    "min_new_info": (0.0, 1.0, 0.05),                                                      # termination (iii)
+    "max_rounds": (1, STIEConfig().max_rounds, 1),                                         # termination
 }
 
-# Why a replay ended: the reasons of eq. (13), or "end_of_cache" when the cached rounds ran out first
+# Why a replay ended: the termination reasons, or "end_of_cache" when the cached rounds ran out first
 # (a question collected with fewer rounds than the setting's max_rounds).
 STOP_REASONS = ("new_answer", "confident", "no_new_info", "max_rounds", "end_of_cache")
 
@@ -113,10 +113,10 @@ def readout(cases: Sequence[Case], config: STIEConfig) -> dict:
     """What STIE did over the cases under ``config``: EM, mean rounds used, and the counts that each
     knob moves, so a slider's effect is visible even when EM does not change.
 
-    ``stops``: replays per termination reason (eq. 13); ``redundant``: rounds that failed the validity
-    test (eq. 8, the δ's); ``replaced``: rounds whose answer STIE replaced (eq. 12, K and the margin);
-    ``blocked``: rounds with a non-empty shielded set (eq. 10, K); ``all_blocked``: rounds where every
-    candidate was shielded (eq. 12's fallback)."""
+    ``stops``: replays per termination reason; ``redundant``: rounds that failed the validity test
+    (eq. 9, the δ's); ``replaced``: rounds whose answer STIE replaced (eqs. 10-11, K and the margin);
+    ``blocked``: rounds with a non-empty shielded set (eq. 12, K); ``all_blocked``: rounds where every
+    candidate was shielded (eq. 11's fallback)."""
     stops = dict.fromkeys(STOP_REASONS, 0)
     ems, used, redundant, replaced, blocked, all_blocked = [], [], 0, 0, 0, 0
     for golds, rounds in cases:

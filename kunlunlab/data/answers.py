@@ -1,7 +1,7 @@
 """Answer normalisation and matching with the standard SQuAD / HotpotQA rules (the evaluation's metrics).
 
-They live in the bottom layer because the agent compares answers too (STIE's answer memory, eq. 6, and its
-tuning read-out use the same normalisation); evaluation code imports them as ``kunlunlab.eval.metrics``.
+They live in the bottom layer because the agent compares answers too (STIE's overlap of remembered
+answers, eq. 6, and its tuning read-out use the same normalisation); evaluation code imports them as ``kunlunlab.eval.metrics``.
 
 ``exact_match`` and ``f1`` take the max over gold aliases. As in the official HotpotQA script, a
 yes/no/noanswer prediction or gold scores F1 only when both match exactly (token overlap between

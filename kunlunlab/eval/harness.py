@@ -14,15 +14,14 @@ LJ is only meaningful when the judge is not the model under test, so by default 
 judge: every record's ``lj`` and the summary's ``lj`` are ``None`` and the summary says
 ``"judge": null``. Configure one of
 
-* a served model: any OpenAI-compatible ``/v1/completions`` server that takes token-id prompts
-  (vLLM, SGLang, ``kunlunlab serve-llm``). ``judge`` is the served model name and must also be a hub
-  id or local path whose tokenizer loads here (the prompt is built with it)::
+* a served model at ``judge_url``, ``judge`` its served name: by default (``judge_api="chat"``) any
+  OpenAI-compatible ``/v1/chat/completions`` endpoint, hosted GPT-class models included, with the API
+  key read from the environment variable named by ``judge_key_env``; ``judge_api="completions"`` is the
+  token-id ``/v1/completions`` route, for which ``judge`` must also be a hub id or local path whose
+  tokenizer loads here. :mod:`kunlunlab.eval.judge` shows both for a served Qwen and a GPT-class model::
 
       vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002
       kunlunlab eval --dataset bamboogle --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct
-
-  A GPT-class open model served the same way works alike; OpenAI's hosted chat API does not (it
-  takes neither token-id prompts nor this tokenizer).
 * a local model: ``judge`` = hub id (already in the Hugging Face cache) or checkpoint path, loaded
   with :class:`~kunlunlab.agent.backends.TransformersBackend`.
 * ``judge="same"``: explicit opt-in to let the answering model grade itself. The summary marks it
@@ -90,6 +89,8 @@ class EvalConfig:
     llm_url: str | None = None      # OpenAI-compatible server instead of a local model
     judge: str | None = None        # None: no LJ; a model (hub id / path, or served name with judge_url); "same"
     judge_url: str | None = None    # OpenAI-compatible server that serves the judge model
+    judge_api: str = "chat"         # judge_url's route: "chat" (/v1/chat/completions) or "completions" (token ids)
+    judge_key_env: str = "OPENAI_API_KEY"  # NAME of the environment variable with the judge's API key (chat)
     corpus: str | None = None       # None: the dataset's default corpus (see module docstring)
     index_kind: str = "flat"
     embedder: str | None = None
@@ -117,9 +118,11 @@ class EvalConfig:
             raise ValueError(f"limit must be positive, got {self.limit}")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        if self.judge_api not in ("chat", "completions"):
+            raise ValueError(f"judge_api must be 'chat' or 'completions', got {self.judge_api!r}")
         if self.judge_url and self.judge in (None, SELF_JUDGE):
-            raise ValueError("judge_url needs judge: the served judge model's name (a hub id or path whose "
-                             "tokenizer loads here)")
+            raise ValueError("judge_url needs judge: the served judge model's name (with judge_api=completions "
+                             "a hub id or path whose tokenizer loads here)")
 
     @classmethod
     def for_checkpoint(cls, model: str, **overrides) -> "EvalConfig":
@@ -275,6 +278,10 @@ def make_judge_backend(config: EvalConfig, backend):
 
     if config.judge is None:
         return None
+    if config.judge_url and config.judge_api == "chat":
+        from kunlunlab.eval.judge import ChatJudgeBackend
+
+        return ChatJudgeBackend(config.judge_url, config.judge, key_env=config.judge_key_env)
     if config.judge_url:
         return OpenAIBackend(config.judge_url, config.judge)
     if config.judge == SELF_JUDGE or config.judge in (config.model, backend.name):

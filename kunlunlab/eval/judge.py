@@ -1,19 +1,64 @@
 """LJ: an LLM judge with a fixed prompt; the judge model is a parameter and verdicts are cached on disk.
 
+The paper's LJ score comes from GPT-4o-mini grading each answer against the gold answers.
+Here the judge is any model behind one of two routes, with the same fixed prompt (:data:`JUDGE_SYSTEM`,
+:data:`JUDGE_USER`), cache and counts:
+
+* ``chat`` (the default with ``--judge-url``): an OpenAI-compatible ``/v1/chat/completions`` endpoint
+  (:class:`ChatJudgeBackend`). The server applies the model's chat template, so no tokenizer is needed
+  here and a hosted chat model can judge. The API key is read from the environment variable whose
+  *name* is ``judge_key_env`` (``--judge-key-env``, default ``OPENAI_API_KEY``); when that variable is
+  unset no key is sent (a local server needs none). The server is asked for its model list once
+  (``GET /v1/models``) before any question runs, so a wrong URL or key is one error line, not an hour
+  of evaluation lost.
+* ``completions``: an OpenAI-compatible ``/v1/completions`` server that takes token-id prompts (vLLM,
+  SGLang, ``kunlunlab serve-llm``); the prompt is built with the judge model's tokenizer, which must
+  load here (``--judge`` is then also a hub id or local path).
+
+Pointing it at a served model::
+
+    # a Qwen model served by vLLM (no key needed on a local server)
+    vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002
+    kunlunlab eval --dataset bamboogle --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct
+
+    # a GPT-class model behind OpenAI's API (the paper's judge), the key in OPENAI_API_KEY
+    export OPENAI_API_KEY=...
+    kunlunlab eval --dataset bamboogle --judge-url https://api.openai.com --judge gpt-4o-mini
+
+    # any other OpenAI-compatible gateway, its key in a variable of your choosing
+    kunlunlab eval --dataset bamboogle --judge-url https://gateway.example/v1 --judge my-model \\
+        --judge-key-env GATEWAY_KEY
+
+    # the token-id route of earlier runs
+    kunlunlab eval --dataset bamboogle --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct \\
+        --judge-api completions
+
+The reply is capped at 4 tokens at temperature 0: a model that thinks before answering (Qwen3 with its
+thinking mode on, o-series reasoning models) starts with neither "yes" nor "no" and is counted as
+``unparsed``; serve Qwen3 with thinking off or use an instruct model.
+
 Two verdicts need no model: an empty prediction is wrong, and a prediction that exactly matches a
-gold answer after normalisation is right. Everything else goes to the judge, batched; a reply that
-starts with neither "yes" nor "no" counts as "no" and is reported as ``unparsed``.
+gold answer after normalisation is right (``rule``). Everything else goes to the judge; a reply that
+starts with neither "yes" nor "no" counts as "no" and is reported as ``unparsed``. A judge server that
+fails (unreachable, HTTP errors after the retries, a reply without a message) raises
+:class:`JudgeServiceError`: a failure is never turned into a verdict. Verdicts are cached per judge
+model name (``<cache>/judge/<model>.jsonl``), keyed by the prompt version, question, golds and
+prediction; both routes share it, since they send the same prompt to the same model.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import httpx
+
 from kunlunlab.agent.backends import Backend, SamplingConfig, chat_prompt_ids, generate_once
+from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.eval.metrics import exact_match
 from kunlunlab.paths import cache_dir
 
@@ -21,11 +66,92 @@ JUDGE_PROMPT_VERSION = "lj-v1"
 JUDGE_SYSTEM = ("You are a strict grader of question answering. Decide whether the predicted answer means the same "
                 "as one of the gold answers. Reply with one word: yes or no.")
 JUDGE_USER = "Question: {question}\nGold answer(s): {golds}\nPredicted answer: {prediction}\nIs the prediction correct?"
+JUDGE_APIS = ("chat", "completions")
+JUDGE_REPLY_TOKENS = 4
+
+
+class JudgeServiceError(GenerationServiceError, ConnectionError):
+    """The judge's server could not be reached, refused the request or answered without a reply text."""
+
+
+def judge_messages(question: str, golds: Sequence[str], prediction: str) -> list[dict]:
+    """The fixed judge prompt as chat messages (both routes send these)."""
+    return [{"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": JUDGE_USER.format(question=question, golds=" | ".join(golds),
+                                                          prediction=prediction)}]
+
+
+@dataclass
+class ChatJudgeBackend:
+    """The judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (see the module docstring).
+
+    ``key_env`` names the environment variable that holds the API key (read once, here). Connection
+    errors and HTTP 5xx are retried ``retries`` times; any other HTTP error fails at once."""
+
+    url: str
+    model: str
+    key_env: str | None = "OPENAI_API_KEY"
+    timeout: float = 60.0
+    retries: int = 2
+    name: str = field(init=False)
+
+    def __post_init__(self):
+        if not self.url or not self.model:
+            raise ValueError("the chat judge needs judge_url and judge (the served model's name)")
+        self.name = self.model
+        self.url = self.url.rstrip("/")
+        if not self.url.endswith("/v1"):
+            self.url += "/v1"
+        key = os.environ.get(self.key_env) if self.key_env else None
+        self._key_note = (f"; the key comes from the environment variable {self.key_env}" if key else
+                          f"; no key was sent: the environment variable {self.key_env} is not set")
+        self.http = httpx.Client(timeout=self.timeout, headers={"Authorization": f"Bearer {key}"} if key else {})
+        self.check()
+
+    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+        last: str = ""
+        for _ in range(self.retries + 1):
+            try:
+                response = self.http.request(method, self.url + path, **kwargs)
+            except httpx.HTTPError as err:  # connection refused, timeouts
+                last = f"unreachable ({type(err).__name__}: {err})"
+                continue
+            if response.status_code < 400 or (response.status_code == 404 and path == "/models"):
+                return response
+            last = f"HTTP {response.status_code}: {' '.join(response.text[:200].split())}"
+            if response.status_code in (401, 403):
+                last += self._key_note
+            if response.status_code < 500:
+                break
+        raise JudgeServiceError(f"judge server {self.url} failed on {path} for {self.model!r}: {last}")
+
+    def check(self) -> None:
+        """One ``GET /v1/models``: the server is up and takes the key (a server without the list, 404, passes)."""
+        self._request("GET", "/models")
+
+    def reply(self, messages: list[dict]) -> str:
+        """The judge's reply text to one conversation (temperature 0, at most 4 tokens)."""
+        payload = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": JUDGE_REPLY_TOKENS}
+        response = self._request("POST", "/chat/completions", json=payload)
+        try:
+            content = response.json()["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError, ValueError):
+            content = None
+        if not isinstance(content, str):
+            raise JudgeServiceError(f"judge server {self.url} answered without a chat message: "
+                                    f"{' '.join(response.text[:200].split())}")
+        return content
+
+
+def verdict_of(reply: str) -> tuple[float, bool]:
+    """(verdict, parsed): "yes…" is right, anything else wrong; parsed unless it starts with neither yes nor no."""
+    word = reply.strip().lower()
+    return (1.0 if word.startswith("yes") else 0.0), word.startswith(("yes", "no"))
 
 
 @dataclass
 class LLMJudge:
-    backend: Backend
+    backend: Backend | ChatJudgeBackend
     cache_path: Path | None = None
     stats: dict = field(default_factory=lambda: {"cached": 0, "judged": 0, "rule": 0, "unparsed": 0})
 
@@ -48,6 +174,13 @@ class LLMJudge:
         blob = json.dumps([JUDGE_PROMPT_VERSION, question, list(golds), prediction])
         return hashlib.sha1(blob.encode()).hexdigest()
 
+    def _replies(self, items: Sequence[tuple[str, Sequence[str], str]]) -> list[str]:
+        if isinstance(self.backend, ChatJudgeBackend):
+            return [self.backend.reply(judge_messages(*item)) for item in items]
+        prompts = [chat_prompt_ids(self.backend.tokenizer, judge_messages(*item)) for item in items]
+        return [r.text for r in generate_once(self.backend, prompts, JUDGE_REPLY_TOKENS, stop=(),
+                                              sampling=SamplingConfig())]
+
     def judge(self, items: Sequence[tuple[str, Sequence[str], str | None]], batch_size: int = 16) -> list[float]:
         verdicts: list[float | None] = []
         todo: list[int] = []
@@ -64,24 +197,20 @@ class LLMJudge:
             else:
                 verdicts.append(None)
                 todo.append(i)
-        tok = self.backend.tokenizer
+        if isinstance(self.backend, ChatJudgeBackend):
+            batch_size = 1  # one request per item anyway: each verdict reaches the cache as it arrives
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
-            prompts = [chat_prompt_ids(tok, [{"role": "system", "content": JUDGE_SYSTEM},
-                                             {"role": "user", "content": JUDGE_USER.format(
-                                                 question=items[i][0], golds=" | ".join(items[i][1]),
-                                                 prediction=items[i][2])}]) for i in chunk]
-            replies = generate_once(self.backend, prompts, 4, stop=(), sampling=SamplingConfig())
+            replies = self._replies([items[i] for i in chunk])
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
             with self.cache_path.open("a") as f:
                 for i, reply in zip(chunk, replies):
-                    word = reply.text.strip().lower()
-                    verdict = 1.0 if word.startswith("yes") else 0.0
-                    if not (word.startswith("yes") or word.startswith("no")):
+                    verdict, parsed = verdict_of(reply)
+                    if not parsed:
                         self.stats["unparsed"] += 1
                     verdicts[i] = verdict
                     key = self.key(*items[i][:2], items[i][2])
                     self._cache[key] = verdict
-                    f.write(json.dumps({"key": key, "verdict": verdict, "reply": reply.text[:40]}) + "\n")
+                    f.write(json.dumps({"key": key, "verdict": verdict, "reply": reply[:40]}) + "\n")
                     self.stats["judged"] += 1
         return [float(v) for v in verdicts]

@@ -35,13 +35,13 @@ from kunlunlab.agent.stie import LAGS, RoundInput, STIEConfig, STIEDecision, rep
 _STYLE = {"rdra": "#eef", "model": "#f7f7f7", "result": "#eaf6ea", "feedback": "#fff4e0", "search": "#e8f0fe",
           "stie": "#fdeff4", "note": "#fff8d6"}
 
-# Why STIE stopped (eq. 13), in words.
+# Why STIE stopped (the termination criteria of §2.2, unnumbered prose in the paper), in words.
 STOP_REASONS = {
     "new_answer": "a valid answer whose mean overlap with the recent rounds is below overlap_stop: "
-                  "a new answer broke the loop (eq. 13i)",
-    "confident": "the round's confidence reached confidence_ceiling and its answer is not blocked (eq. 13ii)",
-    "no_new_info": "the round's searches brought a share of new documents below min_new_info (eq. 13iii)",
-    "max_rounds": "the round budget max_rounds is used up (eq. 13)",
+                  "a new answer broke the loop (termination i)",
+    "confident": "the round's confidence reached confidence_ceiling and its answer is not shielded (termination ii)",
+    "no_new_info": "the round's searches brought a share of new documents below min_new_info (termination iii)",
+    "max_rounds": "the round budget max_rounds is used up",
 }
 
 
@@ -152,32 +152,35 @@ def round_inputs(rounds: Sequence) -> list[RoundInput]:
 
 
 def decision_text(decision: STIEDecision, round_: RoundInput) -> list[str]:
-    """STIE's decision on one round, as sentences (eqs. 8–13)."""
+    """STIE's decision on one round, as sentences (eqs. 8–13 and the termination criteria)."""
     lines = [f"round {decision.round + 1}: answer {round_.answer!r}, confidence {round_.confidence:.3f}"
              if round_.answer else f"round {decision.round + 1}: no answer in this round"]
     if round_.answer:
         if decision.redundant_with is not None:
             lag = decision.round - decision.redundant_with
-            lines.append(f"redundant with round {decision.redundant_with + 1}: difference D below δ{lag} (eq. 8)")
+            lines.append(f"redundant with round {decision.redundant_with + 1}: difference D below δ{lag} (eq. 9)")
         elif decision.mean_overlap is None:
-            lines.append("valid: no earlier answered round to repeat (eq. 8)")
+            lines.append("valid: no earlier answered round to repeat (eqs. 8-9)")
         else:
-            lines.append("valid: differs enough from the recent rounds (eq. 8)")
+            lines.append("valid: differs enough from the recent rounds (eqs. 8-9)")
         if decision.mean_overlap is not None:
             lines.append(f"mean overlap with the last {LAGS} rounds that gave an answer: {decision.mean_overlap:.2f}")
         if decision.all_blocked:
-            lines.append(f"all candidates blocked: kept the most confident answer {decision.accepted!r} (eq. 12)")
+            lines.append(f"all candidates blocked: kept the most confident answer {decision.accepted!r} (eq. 11)")
         elif decision.replaced:
-            lines.append(f"replaced: the current answer is {decision.accepted!r} (eq. 12)")
+            lines.append(f"replaced: the current answer is {decision.accepted!r} (eqs. 10-11)")
         elif decision.redundant_with is not None:
             lines.append(f"kept: the current answer stays {decision.accepted!r}, no unblocked rival is more "
-                         "confident by more than the margin (eq. 12)")
+                         "confident by more than the margin (eq. 10)")
         else:
-            lines.append(f"accepted: the current answer is {decision.accepted!r} (eq. 12)")
+            lines.append(f"accepted: the current answer is {decision.accepted!r} (eq. 11)")
     else:
         lines.append(f"the current answer stays {decision.accepted!r}")
     if decision.shielded:
-        lines.append(f"blocked (repeated K times or more, eq. 10): {', '.join(decision.shielded)}")
+        lines.append(f"shielded (given K times or more within the history window, eq. 12): "
+                     f"{', '.join(decision.shielded)}")
+    if decision.blocked:
+        lines.append(f"blocked from generation (given K times or more, eq. 13): {', '.join(decision.blocked)}")
     if decision.stop:
         lines.append(f"stop ({decision.reason}): {STOP_REASONS.get(decision.reason or '', decision.reason)}")
     else:
