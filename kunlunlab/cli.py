@@ -28,22 +28,46 @@ def load_corpus_arg(corpus: str, n: int, seed: int) -> list[Passage]:
 
 
 def cmd_build_index(args: argparse.Namespace) -> int:
+    """A bad corpus (missing, empty, a line without ``contents``), preset or setting ends in one line, exit 2."""
+    from dataclasses import replace
+
+    from kunlunlab.models import ModelNotAvailableError
     from kunlunlab.retrieval.clustered import ClusterConfig
+    from kunlunlab.retrieval.factory import load_preset
     from kunlunlab.retrieval.indexes import IVFPQConfig
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
     from kunlunlab.retrieval.store import save_retriever
 
-    config = IndexConfig(kind=args.kind, embedder=args.embedder, passage_precision=args.passage_precision,
-                         ivfpq=IVFPQConfig(nlist=args.nlist or 1024, m=args.pq_m, nprobe=args.nprobe),
-                         cluster=ClusterConfig(nlist=args.nlist, nlist_method=args.nlist_method, pq_m=args.pq_m,
-                                               candidate_budget=args.candidate_budget))
+    try:
+        if args.preset:  # the published setting's index; --device / --passage-precision say how to compute it
+            if args.kind is not None or args.embedder is not None:
+                raise ValueError("--preset sets the index kind and embedder: drop --kind / --embedder")
+            preset = load_preset(args.preset)
+            config = replace(preset.index, **{k: getattr(args, k) for k in ("device", "passage_precision")
+                                              if getattr(args, k) is not None})
+            args.corpus = args.corpus or preset.corpus
+        else:
+            config = IndexConfig(kind=args.kind or "cluster", embedder=args.embedder,
+                                 passage_precision=args.passage_precision or "float32", device=args.device or "cpu",
+                                 ivfpq=IVFPQConfig(nlist=args.nlist or 1024, m=args.pq_m, nprobe=args.nprobe),
+                                 cluster=ClusterConfig(nlist=args.nlist, nlist_method=args.nlist_method,
+                                                       pq_m=args.pq_m, candidate_budget=args.candidate_budget))
+        args.corpus = args.corpus or "world"
+        args.kind = config.kind
+    except (FileNotFoundError, ValueError) as err:
+        return _fail("build-index", err)
     start = time.perf_counter()
     if args.engine != "inprocess":
         return _build_index_sharded(args, config, start)
-    passages = load_corpus_arg(args.corpus, args.n, args.seed)
-    retriever = build_retriever(passages, config, progress=True)
+    try:  # a missing file, a malformed line (DataFormatError), an empty corpus, an embedder not available here
+        passages = load_corpus_arg(args.corpus, args.n, args.seed)
+        if not passages:
+            raise ValueError(f"corpus {args.corpus} holds no passages")
+        retriever = build_retriever(passages, config, progress=True)
+    except (ModelNotAvailableError, FileNotFoundError, ValueError) as err:
+        return _fail("build-index", err)
     folder = save_retriever(retriever, args.out)
-    print(json.dumps({"out": str(folder), "kind": args.kind, "n": len(passages),
+    print(json.dumps({"out": str(folder), "kind": config.kind, "n": len(passages),
                       "seconds": round(time.perf_counter() - start, 1)}))
     return 0
 
@@ -113,8 +137,8 @@ def cmd_run_notebooks(args: argparse.Namespace) -> int:
 EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_total_tokens", "max_result_chars",
                     "stie_rounds", "use_rdra", "use_stie")   # named as in kunlunlab_agent.json
 EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "judge_api", "judge_key_env",
-                    "corpus", "index_kind", "embedder", "batch_size", "seed", "network_url",
-                    "router") + EVAL_AGENT_FLAGS
+                    "corpus", "index_kind", "embedder", "batch_size", "seed", "network_url", "router",
+                    "retriever_url", "index_dir") + EVAL_AGENT_FLAGS
 
 
 def _fail(command: str, err: BaseException | str) -> int:
@@ -149,9 +173,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Data, corpus and models load before any question runs, so input errors end in one line."""
     import re
 
-    from kunlunlab.eval.harness import evaluate, load_data, make_backend, make_judge_backend
+    from kunlunlab.eval.harness import (EvalRetrievalError, evaluate, load_data, make_backend, make_judge_backend,
+                                        open_eval_retriever)
     from kunlunlab.models import ModelNotAvailableError
     from kunlunlab.paths import new_run_dir
+    from kunlunlab.retrieval.encoder import passages_embedded
+    from kunlunlab.retrieval.service import RetrievalServiceError
 
     try:  # unknown method or key, malformed config file or kunlunlab_agent.json, bad numbers
         config = eval_config_from_args(args)
@@ -160,6 +187,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:  # unknown dataset or missing file, DataFormatError (a ValueError), missing benchmark data folder
         examples, passages = load_data(config)
     except (FileNotFoundError, ValueError) as err:
+        return _eval_error(err)
+    try:  # --retriever-url down or not ready; --index missing, corrupt or built with another embedder/corpus
+        retriever = open_eval_retriever(config, passages)
+    except (RetrievalServiceError, ModelNotAvailableError, OSError, ValueError) as err:
         return _eval_error(err)
     try:
         backend = make_backend(config)
@@ -177,8 +208,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
             run_dir = new_run_dir(name=f"{name}-{time.perf_counter_ns() % 10**6}")
         out = run_dir / "records.jsonl"
     print(f"kunlunlab eval: records go to {out}", flush=True)
-    summary = evaluate(config, out, backend=backend, judge_backend=judge_backend, examples=examples,
-                       passages=passages)
+    try:
+        summary = evaluate(config, out, backend=backend, judge_backend=judge_backend, examples=examples,
+                           passages=passages, retriever=retriever)
+    except EvalRetrievalError as err:  # the service died mid-run: no score from answers without documents
+        _eval_error(f"retrieval failed, evaluation stopped: {err}")
+        return 1
+    summary["passages_embedded"] = passages_embedded()  # this process; 0 through a service or a saved index
     if run_dir is not None:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     summary.pop("config")
@@ -303,11 +339,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build-index", help="embed a corpus and build an index (notebook 01)")
-    b.add_argument("--corpus", default="world", help="'world', 'hotpotqa_distractor', '2wiki' or a corpus file")
+    b.add_argument("--corpus", default=None, help="'world' (default), 'hotpotqa_distractor', '2wiki' or a corpus "
+                                                  "file (FlashRAG {id, contents} jsonl; default with --preset: its corpus)")
     b.add_argument("--n", type=int, default=20_000, help="passages, for the synthetic world")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--kind", default="cluster", choices=INDEX_KINDS)
+    b.add_argument("--preset", default=None, metavar="JSON",
+                   help="a published setting's index (embedder, its prefixes, kind), e.g. "
+                        "experiments/configs/presets/search_r1_e5.json; not with --kind / --embedder")
+    b.add_argument("--kind", default=None, choices=INDEX_KINDS, help="index kind (default cluster)")
     b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
+    b.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or auto (cuda when torch sees a GPU): "
+                                                  "where passages are embedded and a flat index is built")
     b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
     b.add_argument("--nlist-method", default="sqrt", choices=NLIST_METHODS,
                    help="cluster retriever with --nlist 0: 2*sqrt(n), or chosen by the elbow of k-means inertia or "
@@ -315,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pq-m", type=int, default=48, help="bytes of scan code per vector")
     b.add_argument("--nprobe", type=int, default=16, help="IVF-PQ clusters scanned per query")
     b.add_argument("--candidate-budget", type=int, default=112, help="cluster retriever: re-ranked candidates")
-    b.add_argument("--passage-precision", default="float32", choices=("float32", "bfloat16", "auto"),
+    b.add_argument("--passage-precision", default=None, choices=("float32", "bfloat16", "auto"),
                    help="the embedder's precision for the corpus: bfloat16 is 3.1x faster on CPUs that multiply it "
                         "natively (cosine >= 0.998 to float32); auto: bfloat16 there, else float32")
     b.add_argument("--out", required=True)
@@ -384,7 +426,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME of the environment variable holding the chat judge's API key (default OPENAI_API_KEY; "
                         "unset: no key is sent)")
     e.add_argument("--corpus", default=None, help="corpus file (default: the dataset's own closed corpus)")
-    e.add_argument("--index-kind", default=None, choices=INDEX_KINDS, help="retrieval index (default flat)")
+    e.add_argument("--retriever-url", default=None, metavar="URL",
+                   help="search through this retrieval service (kunlunlab serve-retriever or any Search-R1 POST "
+                        "/retrieve) instead of an index built here: no corpus is read or embedded; the service is "
+                        "checked first, and a search failing after 3 attempts stops the evaluation (exit 1)")
+    e.add_argument("--index", dest="index_dir", default=None, metavar="DIR",
+                   help="search this saved index folder (kunlunlab build-index --out) without embedding its corpus; "
+                        "with --corpus, the corpus must be the one it was built over")
+    e.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
+                   help="retrieval index built here (default flat; not used with --retriever-url or --index)")
     e.add_argument("--embedder", default=None)
     e.add_argument("--batch-size", type=int, default=None, help="questions per generation batch (default 8)")
     e.add_argument("--top-k", type=int, default=None, help="passages per search" + ckpt % "3")

@@ -63,6 +63,9 @@ from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_b
 from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.eval.metrics import (cover_em, exact_match, extra_searches, f1, normalize_answer, recall_by_search,
                                     retrieval_recall, search_floor)
+from kunlunlab.retrieval.factory import open_retriever
+from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
+from kunlunlab.retrieval.service import RemoteRetriever, RetrievalServiceError
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 TAGGED, FALLBACK = "answer_tag", "fallback"
@@ -92,7 +95,9 @@ class EvalConfig:
     judge_api: str = "chat"         # judge_url's route: "chat" (/v1/chat/completions) or "completions" (token ids)
     judge_key_env: str = "OPENAI_API_KEY"  # NAME of the environment variable with the judge's API key (chat)
     corpus: str | None = None       # None: the dataset's default corpus (see module docstring)
-    index_kind: str = "flat"
+    retriever_url: str | None = None  # the main retrieval through this service (POST /retrieve); no corpus here
+    index_dir: str | None = None    # the main retrieval from this saved index folder (build-index --out)
+    index_kind: str = "flat"        # the index built here; not used with retriever_url or index_dir
     embedder: str | None = None
     batch_size: int = 8
     dtype: str = "auto"             # generation dtype; auto: bfloat16 where the hardware has it (2x on AMX CPUs)
@@ -123,6 +128,10 @@ class EvalConfig:
         if self.judge_url and self.judge in (None, SELF_JUDGE):
             raise ValueError("judge_url needs judge: the served judge model's name (with judge_api=completions "
                              "a hub id or path whose tokenizer loads here)")
+        if self.retriever_url and self.index_dir:
+            raise ValueError("retriever_url and index_dir both name the main retrieval: give one")
+        if self.retriever_url and self.corpus:
+            raise ValueError("corpus is not used with retriever_url: the service searches its own corpus")
 
     @classmethod
     def for_checkpoint(cls, model: str, **overrides) -> "EvalConfig":
@@ -241,11 +250,14 @@ def default_corpus(dataset: str) -> list[Passage]:
 
 
 def resolve_corpus(config: EvalConfig, examples: list[QAExample],
-                   default: list[Passage] | None = None) -> list[Passage]:
-    """The passages to search: ``config.corpus`` if given, else ``default``, the questions' own
-    evidence, or :func:`default_corpus`."""
+                   default: list[Passage] | None = None) -> list[Passage] | None:
+    """The passages to search: ``config.corpus`` if given (with ``index_dir``: checked against the index's
+    corpus), else None with ``retriever_url`` or ``index_dir`` (the service's or the saved index's own
+    corpus), else ``default``, the questions' own evidence, or :func:`default_corpus`."""
     if config.corpus:
         return load_corpus(config.corpus)
+    if config.retriever_url or config.index_dir:
+        return None
     if default is not None:
         return default
     if any(ex.context for ex in examples):
@@ -253,8 +265,9 @@ def resolve_corpus(config: EvalConfig, examples: list[QAExample],
     return default_corpus(config.dataset)
 
 
-def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage]]:
-    """(questions, corpus) for a config; every data error surfaces here, before any model loads."""
+def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
+    """(questions, corpus) for a config; every data error surfaces here, before any model loads. The corpus
+    is None where the retrieval brings its own (``retriever_url``, ``index_dir``)."""
     examples, default = load_examples(config)
     return examples, resolve_corpus(config, examples, default)
 
@@ -289,13 +302,53 @@ def make_judge_backend(config: EvalConfig, backend):
     return TransformersBackend(config.judge, dtype=config.dtype)
 
 
-def build_pipeline(config: EvalConfig, passages: list[Passage], backend=None):
-    """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model."""
+class EvalRetrievalError(RuntimeError):
+    """The evaluation's own retrieval service failed: the agents' fallback (answer without documents) would
+    turn a dead service into a score, so the evaluation stops instead."""
+
+
+class ServiceSearch:
+    """The main retrieval of an evaluation through a service: :class:`RemoteRetriever`'s search, with the title
+    of every passage it returned remembered (for retrieval recall; the corpus is not here) and a failure, after
+    the client's retries, raised as :class:`EvalRetrievalError`, which no agent catches."""
+
+    def __init__(self, remote: RemoteRetriever):
+        self.remote = remote
+        self.titles: dict[str, str] = {}
+
+    def search(self, queries, k: int = 5) -> list[list[Hit]]:
+        try:
+            hits = self.remote.search(queries, k)
+        except RetrievalServiceError as err:
+            raise EvalRetrievalError(str(err)) from err
+        for row in hits:
+            self.titles.update((h.id, h.title) for h in row)
+        return hits
+
+
+def open_eval_retriever(config: EvalConfig, passages: list[Passage] | None) -> Retriever | ServiceSearch:
+    """The main retriever of an evaluation (:func:`~kunlunlab.retrieval.factory.open_retriever`): the service
+    at ``retriever_url`` (checked now; a :class:`ServiceSearch`), the saved index at ``index_dir`` (``passages``,
+    if given, must be its corpus), or an index of ``index_kind`` built over ``passages``."""
+    retriever = open_retriever(config.retriever_url, config.index_dir, passages,
+                               IndexConfig(kind=config.index_kind, embedder=config.embedder))
+    return ServiceSearch(retriever) if isinstance(retriever, RemoteRetriever) else retriever
+
+
+def passage_titles(retriever: Retriever | ServiceSearch) -> dict[str, str]:
+    """Passage id -> title for the passages an evaluation can have seen."""
+    if isinstance(retriever, ServiceSearch):
+        return retriever.titles
+    return {p.id: p.title for p in retriever.passages}
+
+
+def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=None, retriever=None):
+    """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model and ``retriever``
+    (:func:`open_eval_retriever`) to reuse an opened one."""
     from kunlunlab.agent.methods import MethodConfig, make_method
     from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS
-    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 
-    retriever = build_retriever(passages, IndexConfig(kind=config.index_kind, embedder=config.embedder))
+    retriever = retriever if retriever is not None else open_eval_retriever(config, passages)
     if backend is None:
         backend = make_backend(config)
     search = retriever.search
@@ -320,11 +373,13 @@ def router_summary(search) -> dict | None:
 
 def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, judge_backend=None,
              examples: list[QAExample] | None = None, passages: list[Passage] | None = None,
-             progress: bool = True) -> dict:
+             progress: bool = True, retriever=None) -> dict:
     """Runs one method over one dataset; writes one JSON record per question to ``out``; returns the summary.
     ``progress`` shows a bar per batch (tqdm: a widget in Jupyter, a text line elsewhere).
 
-    ``backend`` / ``judge_backend`` reuse loaded models; ``examples`` / ``passages`` skip loading data.
+    ``backend`` / ``judge_backend`` reuse loaded models; ``examples`` / ``passages`` skip loading data;
+    ``retriever`` (:func:`open_eval_retriever`) reuses an opened one. With ``retriever_url`` a search that
+    fails after the client's retries raises :class:`EvalRetrievalError`.
     """
     start = time.perf_counter()
     if examples is None:
@@ -332,8 +387,8 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
         passages = passages if passages is not None else resolve_corpus(config, examples, default)
     elif passages is None:
         passages = resolve_corpus(config, examples)
-    method, retriever, backend = build_pipeline(config, passages, backend)
-    titles = {p.id: p.title for p in retriever.passages}
+    method, retriever, backend = build_pipeline(config, passages, backend, retriever)
+    titles = passage_titles(retriever)
     records = []
     from tqdm.auto import tqdm
 
@@ -342,7 +397,11 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     for b in range(0, len(examples), config.batch_size):
         batch = examples[b:b + config.batch_size]
         t0 = time.perf_counter()
-        outputs = method.run([ex.question for ex in batch])
+        try:
+            outputs = method.run([ex.question for ex in batch])
+        except EvalRetrievalError:
+            bar.close()  # the caller's error line then starts a line of its own
+            raise
         bar.update(len(batch))
         per_question = (time.perf_counter() - t0) / len(batch)
         for ex, o in zip(batch, outputs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections import OrderedDict
 from typing import Sequence
 
@@ -38,6 +39,22 @@ def _default_prefixes(model_name: str) -> tuple[str, str]:
 
 
 QUERY_PRECISIONS = ("float32", "onnx", "bfloat16", "int8", "auto")
+
+_embedded_lock = threading.Lock()
+_passages_embedded = 0
+
+
+def passages_embedded() -> int:
+    """How many passages an :class:`Encoder` has embedded in this process so far (every
+    :meth:`Encoder.encode_passages` call counts its texts; cached corpus embeddings count nothing). Retrieval
+    through a service or a saved index should leave it unchanged: the corpus was embedded elsewhere."""
+    return _passages_embedded
+
+
+def _count_passages(n: int) -> None:
+    global _passages_embedded
+    with _embedded_lock:
+        _passages_embedded += n
 
 
 def resolve_query_precision(precision: str, device: str | None = None) -> str:
@@ -224,6 +241,7 @@ class Encoder:
         return np.ascontiguousarray(torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy())
 
     def encode_passages(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        _count_passages(len(texts))
         vectors = self._encode([self.passage_prefix + t for t in texts], progress=progress, model=self.passage_model)
         if self.passage_precision != "float32":  # normalised in float32: bfloat16's own norms are ~0.2 % off 1
             vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)

@@ -75,6 +75,249 @@ class FlatIndex(DenseIndex):
         return self.index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
 
 
+# ---------------------------------------------------------------------------- exact search on a device
+SEARCH_DEVICES = ("cpu", "cuda", "auto")  # and cuda:N
+FLAT_BACKENDS = ("auto", "faiss", "torch")
+SEARCH_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_search_settings(device: str, backend: str, dtype: str) -> None:
+    """ValueError naming the bad value: ``device`` cpu | cuda | cuda:N | auto, ``backend`` auto | faiss | torch,
+    ``dtype`` float32 | float16 | bfloat16."""
+    if device not in SEARCH_DEVICES and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"unknown device {device!r}; choose from {SEARCH_DEVICES} or cuda:N")
+    if backend not in FLAT_BACKENDS:
+        raise ValueError(f"unknown flat backend {backend!r}; choose from {FLAT_BACKENDS}")
+    if dtype not in SEARCH_DTYPES:
+        raise ValueError(f"unknown search dtype {dtype!r}; choose from {SEARCH_DTYPES}")
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cuda`` without one is an error."""
+    import torch  # deferred: the FAISS-only paths (every CPU index) need no torch
+
+    check_search_settings(device, "auto", "float32")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}); "
+                         "use device 'cpu' or 'auto'")
+    return device
+
+
+def faiss_gpu_available() -> bool:
+    """Whether this FAISS build has GPU support (faiss-gpu) and sees a GPU."""
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
+def flat_backend(backend: str, device: str, dtype: str) -> str:
+    """The exact search that serves a flat index on a resolved ``device``: ``faiss`` (FAISS on the CPU),
+    ``faiss-gpu`` (FAISS's GPU flat index: float32, or float16 storage) or ``torch`` (a matrix product on the
+    device). ``auto``: FAISS on the CPU; on a GPU, faiss-gpu where FAISS has GPU support and the dtype is one
+    it stores, else torch."""
+    check_search_settings(device, backend, dtype)
+    on_gpu = device != "cpu"
+    if backend == "torch":
+        return "torch"
+    if not on_gpu:
+        return "faiss"
+    if backend == "auto":
+        return "faiss-gpu" if faiss_gpu_available() and dtype != "bfloat16" else "torch"
+    if not faiss_gpu_available():
+        raise ValueError(f"flat backend 'faiss' on {device} needs FAISS with GPU support (faiss-gpu); this FAISS "
+                         f"{faiss.__version__} has none: use backend 'torch' or 'auto'")
+    if dtype == "bfloat16":
+        raise ValueError("FAISS's GPU flat index stores float32 or float16, not bfloat16: use backend 'torch'")
+    return "faiss-gpu"
+
+
+def flat_vectors(index: faiss.IndexFlat) -> np.ndarray:
+    """The float32 vectors of a FAISS flat index as a view, not a copy (21M x 768 is 64 GB); valid until the
+    index changes."""
+    n, d = int(index.ntotal), int(index.d)
+    if n == 0:
+        return np.empty((0, d), dtype=np.float32)
+    return faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d)
+
+
+class DeviceFlatIndex(FlatIndex):
+    """A flat index searched somewhere other than FAISS's CPU code, saved as the same ``index.faiss``.
+
+    The host FAISS index keeps the float32 vectors for saving (``keep_host``, what a build needs); a loaded
+    index that only serves drops it once the device holds the vectors (64 GB of host memory for 21M x 768)."""
+
+    backend: ClassVar[str] = ""
+
+    def __init__(self, source: FlatIndex | int, keep_host: bool = True):
+        flat = source if isinstance(source, FlatIndex) else FlatIndex(int(source))
+        self.dim, self.index = flat.dim, flat.index
+        self._n = 0
+        if self.index.ntotal:
+            self._add_device(flat_vectors(self.index))
+        if not keep_host:
+            self.index = None
+
+    def _add_device(self, vectors: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def add(self, vectors: np.ndarray) -> None:
+        x = _as_matrix(vectors)
+        if x.shape[1] != self.dim:
+            raise ValueError(f"vectors of dimension {x.shape[1]} for a flat index of dimension {self.dim}")
+        if self.index is not None:
+            self.index.add(x)
+        self._add_device(x)
+
+    @property
+    def ntotal(self) -> int:
+        return self._n
+
+    def _host(self) -> faiss.Index:
+        if self.index is None:
+            raise RuntimeError("this flat index was loaded to serve: its vectors live on the device only "
+                               "(keep_host=False); save or reconstruct from the index that was built")
+        return self.index
+
+    def reconstruct(self, rows: np.ndarray) -> np.ndarray:
+        return self._host().reconstruct_batch(np.asarray(rows, dtype=np.int64))
+
+    def save(self, folder: Path) -> None:
+        faiss.write_index(self._host(), str(folder / "index.faiss"))
+
+
+class TorchFlatIndex(DeviceFlatIndex):
+    """Exact inner-product search as a matrix product in torch: the corpus matrix on ``device`` in ``dtype``
+    (float16 or bfloat16 halve it: 21M x 768 is 32 GB), queries in batches of ``query_batch``, ``torch.topk``
+    over blocks of at most ``chunk_rows`` corpus rows, the blocks' candidates merged by another top-k; the
+    (scores, rows) of :class:`FlatIndex`, -1 rows where the corpus has fewer than k vectors. In float32 on
+    the CPU it finds FAISS's top-k; float16/bfloat16 scores can swap near ties."""
+
+    backend = "torch"
+
+    def __init__(self, source: FlatIndex | int, device: str = "cpu", dtype: str = "float16", query_batch: int = 64,
+                 chunk_rows: int = 1 << 22, keep_host: bool = True):
+        import torch  # deferred: the FAISS-only paths need no torch
+
+        check_search_settings(device, "torch", dtype)
+        if query_batch < 1 or chunk_rows < 1:
+            raise ValueError("query_batch and chunk_rows must be at least 1")
+        self.device, self.dtype_name = torch.device(device), dtype
+        self.dtype = getattr(torch, dtype)
+        self.query_batch, self.chunk_rows = query_batch, chunk_rows
+        self.chunks: list = []
+        super().__init__(source, keep_host)
+
+    def _add_device(self, vectors: np.ndarray) -> None:
+        import torch
+
+        start = 0
+        while start < len(vectors):
+            last = self.chunks[-1] if self.chunks else None
+            room = self.chunk_rows - last.shape[0] if last is not None else 0
+            take = min(room if room > 0 else self.chunk_rows, len(vectors) - start)
+            chunk = torch.empty((take, self.dim), dtype=self.dtype, device=self.device)
+            step = 1 << 16  # float32 rows staged per copy: the transient device memory stays at 200 MB (768-d)
+            for i in range(0, take, step):
+                # a copy: the vectors may be a read-only memory map (cached embeddings), which torch will not wrap
+                block = torch.from_numpy(np.array(vectors[start + i:start + min(take, i + step)], dtype=np.float32))
+                chunk[i:i + len(block)] = block.to(self.device).to(self.dtype)
+            if room > 0:
+                self.chunks[-1] = torch.cat([last, chunk])
+            else:
+                self.chunks.append(chunk)
+            start += take
+            self._n += take
+
+    def add_tensor(self, vectors) -> None:
+        """Appends a 2-D torch tensor of vectors (say, embedded on the GPU) without a trip through the host: cast
+        to the index's device and dtype (no copy where it already is), as blocks of at most ``chunk_rows``. The
+        host copy, if kept, gets the float32 vectors."""
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise ValueError(f"vectors of shape {tuple(vectors.shape)} for a flat index of dimension {self.dim}")
+        if self.index is not None:
+            self.index.add(np.ascontiguousarray(vectors.float().cpu().numpy()))
+        for start in range(0, len(vectors), self.chunk_rows):
+            self.chunks.append(vectors[start:start + self.chunk_rows].to(self.device, self.dtype))
+            self._n += len(self.chunks[-1])
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        q = _as_matrix(queries)
+        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
+        rows = np.full((len(q), k), -1, dtype=np.int64)
+        if not self.chunks or not len(q):
+            return scores, rows
+        kk = min(k, self._n)
+        with torch.inference_mode():
+            for s in range(0, len(q), self.query_batch):
+                batch = torch.from_numpy(np.array(q[s:s + self.query_batch])).to(self.device).to(self.dtype)
+                values, ids, offset = [], [], 0
+                for chunk in self.chunks:
+                    v, i = torch.topk(batch @ chunk.T, min(kk, chunk.shape[0]), dim=1)
+                    values.append(v.float())
+                    ids.append(i + offset)
+                    offset += chunk.shape[0]
+                v, i = torch.cat(values, dim=1), torch.cat(ids, dim=1)
+                if len(self.chunks) > 1:
+                    v, pick = torch.topk(v, kk, dim=1)
+                    i = torch.gather(i, 1, pick)
+                scores[s:s + len(batch), :kk] = v.cpu().numpy()
+                rows[s:s + len(batch), :kk] = i.cpu().numpy()
+        return scores, rows
+
+    def bytes_per_vector(self) -> float:
+        return float(self.dim * self.dtype.itemsize)  # device memory; the host copy, if kept, is 4 * dim more
+
+
+class GpuFaissFlatIndex(DeviceFlatIndex):
+    """FAISS's own GPU flat index (faiss-gpu): ``index_cpu_to_gpu`` of the host IndexFlatIP, vectors stored in
+    float16 with ``dtype`` float16 (``GpuClonerOptions.useFloat16``), else float32."""
+
+    backend = "faiss-gpu"
+
+    def __init__(self, source: FlatIndex | int, device: str = "cuda", dtype: str = "float16",
+                 keep_host: bool = True):
+        check_search_settings(device, "faiss", dtype)
+        if dtype == "bfloat16":
+            raise ValueError("FAISS's GPU flat index stores float32 or float16, not bfloat16")
+        dim = source.dim if isinstance(source, FlatIndex) else int(source)
+        self.resources = faiss.StandardGpuResources()
+        options = faiss.GpuClonerOptions()
+        options.useFloat16 = dtype == "float16"
+        self.dtype_name = dtype
+        # an empty clone; the host's vectors go in through _add_device, as later additions do
+        self.gpu = faiss.index_cpu_to_gpu(self.resources, int(device.partition(":")[2] or 0),
+                                          faiss.IndexFlatIP(dim), options)
+        super().__init__(source, keep_host)
+
+    def _add_device(self, vectors: np.ndarray) -> None:
+        step = 1 << 20  # rows per call: FAISS stages each call's float32 rows on the GPU
+        for i in range(0, len(vectors), step):
+            self.gpu.add(np.ascontiguousarray(vectors[i:i + step], dtype=np.float32))
+        self._n = int(self.gpu.ntotal)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.gpu.search(_as_matrix(queries), k)
+
+    def bytes_per_vector(self) -> float:
+        return float(self.dim * (2 if self.dtype_name == "float16" else 4))
+
+
+def place_flat(flat: FlatIndex, device: str = "cpu", backend: str = "auto", dtype: str = "float16",
+               keep_host: bool = True) -> FlatIndex:
+    """``flat`` (a CPU FAISS flat index, empty or filled) made ready to search on ``device`` (cpu | cuda |
+    cuda:N | auto) by ``backend`` (:func:`flat_backend`): itself for FAISS on the CPU, else a
+    :class:`GpuFaissFlatIndex` or :class:`TorchFlatIndex` holding its vectors in ``dtype``."""
+    device = resolve_device(device)
+    chosen = flat_backend(backend, device, dtype)
+    if chosen == "faiss":
+        return flat
+    if chosen == "faiss-gpu":
+        return GpuFaissFlatIndex(flat, device, dtype, keep_host=keep_host)
+    return TorchFlatIndex(flat, device, dtype, keep_host=keep_host)
+
+
 @dataclass
 class IVFPQConfig:
     nlist: int = 1024

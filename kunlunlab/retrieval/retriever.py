@@ -15,7 +15,8 @@ import numpy as np
 from kunlunlab.data.types import Passage
 from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
 from kunlunlab.retrieval.encoder import Encoder, corpus_embeddings, corpus_fingerprint
-from kunlunlab.retrieval.indexes import BM25Index, FlatIndex, HNSWConfig, HNSWIndex, IVFPQConfig, IVFPQIndex
+from kunlunlab.retrieval.indexes import (BM25Index, FlatIndex, HNSWConfig, HNSWIndex, IVFPQConfig, IVFPQIndex,
+                                        check_search_settings, place_flat, resolve_device)
 
 INDEX_KINDS = ("flat", "ivfpq", "hnsw", "cluster", "bm25")
 
@@ -30,7 +31,15 @@ class Hit:
 
 @dataclass
 class IndexConfig:
-    """One config for every index kind; the knobs of the other kinds are ignored."""
+    """One config for every index kind; the knobs of the other kinds are ignored.
+
+    ``device`` (cpu | cuda | cuda:N | auto: cuda when torch sees a GPU) is where the embedder runs and where
+    the exact (``flat``) index searches; the other kinds search on the CPU. ``flat_backend`` picks the exact
+    search: ``auto`` (FAISS on the CPU; on a GPU faiss-gpu where FAISS has GPU support, else torch),
+    ``faiss`` or ``torch`` (a matrix product on the device, the corpus matrix in ``gpu_dtype``: float16,
+    bfloat16 or float32; :class:`~kunlunlab.retrieval.indexes.TorchFlatIndex`). ``query_prefix`` /
+    ``passage_prefix`` (None: the embedder's own, "query: " / "passage: " for E5) are prepended when
+    encoding and recorded in the index manifest, so that serving encodes queries the same way."""
 
     kind: str = "cluster"
     embedder: str | None = None  # None: the embedded all-MiniLM-L6-v2
@@ -40,10 +49,23 @@ class IndexConfig:
     threads: int = 0  # 0: FAISS default
     query_precision: str = "float32"  # query side of the embedder: float32 | onnx | bfloat16 | int8 | auto (bench encode)
     passage_precision: str = "float32"  # corpus side: float32 | bfloat16 | auto (3.1x faster on AVX512-BF16 CPUs)
+    query_prefix: str | None = None     # None: the embedder's default ("query: " for E5 models, else none)
+    passage_prefix: str | None = None   # None: the embedder's default ("passage: " for E5 models, else none)
+    device: str = "cpu"                 # cpu | cuda | cuda:N | auto
+    flat_backend: str = "auto"          # exact search: auto | faiss | torch
+    gpu_dtype: str = "float16"          # torch / faiss-gpu exact search: the corpus matrix's dtype
 
     def __post_init__(self):
         if self.kind not in INDEX_KINDS:
             raise ValueError(f"unknown index kind {self.kind!r}; choose from {INDEX_KINDS}")
+        check_search_settings(self.device, self.flat_backend, self.gpu_dtype)
+
+
+def encoder_for(config: IndexConfig) -> Encoder:
+    """The encoder a config asks for: its embedder, prefixes and precisions, on its device."""
+    return Encoder(config.embedder, query_prefix=config.query_prefix, passage_prefix=config.passage_prefix,
+                   device=resolve_device(config.device), query_precision=config.query_precision,
+                   passage_precision=config.passage_precision)
 
 
 class Retriever:
@@ -94,7 +116,7 @@ class Retriever:
 
 def make_index(config: IndexConfig, dim: int):
     if config.kind == "flat":
-        return FlatIndex(dim)
+        return place_flat(FlatIndex(dim), config.device, config.flat_backend, config.gpu_dtype)
     if config.kind == "ivfpq":
         return IVFPQIndex(dim, config.ivfpq)
     if config.kind == "hnsw":
@@ -117,8 +139,7 @@ def build_retriever(passages: Sequence[Passage], config: IndexConfig | None = No
         index = BM25Index()
         index.add_texts([p.contents for p in passages])
         return Retriever(passages, index, None, config)
-    encoder = encoder or Encoder(config.embedder, query_precision=config.query_precision,
-                                 passage_precision=config.passage_precision)
+    encoder = encoder or encoder_for(config)
     if vectors is None:
         vectors = corpus_embeddings(encoder, passages, progress=progress)
     if len(vectors) != len(passages):

@@ -41,7 +41,7 @@ from kunlunlab.data.types import Passage
 from kunlunlab.retrieval.clustered import ClusterRetriever
 from kunlunlab.retrieval.encoder import CorpusFingerprint, Encoder
 from kunlunlab.retrieval.indexes import IVFPQIndex
-from kunlunlab.retrieval.retriever import IndexConfig, make_index
+from kunlunlab.retrieval.retriever import IndexConfig, encoder_for, make_index
 from kunlunlab.retrieval.store import CORPUS, corpus_line, write_manifest
 
 ENGINES = ("inprocess", "stream", "ray")
@@ -292,8 +292,7 @@ def build_sharded(source: Path | Iterable[Passage], index_config: IndexConfig, o
     seconds["corpus"] = time.perf_counter() - t0
     log(f"corpus: {n} passages -> {out / CORPUS}")
 
-    encoder = encoder or Encoder(index_config.embedder, query_precision=index_config.query_precision,
-                                 passage_precision=index_config.passage_precision)
+    encoder = encoder or encoder_for(index_config)
     t0 = time.perf_counter()
     shards = embed_shards(cfg, out / CORPUS, encoder, out, n, log)
     seconds["embed"] = time.perf_counter() - t0

@@ -8,12 +8,14 @@ import zipfile
 from pathlib import Path
 from typing import Sequence
 
+import faiss
+
 from kunlunlab.data.loaders import load_corpus
 from kunlunlab.data.types import Passage
 from kunlunlab.models import canonical_embedder_name
 from kunlunlab.retrieval.clustered import ClusterRetriever
 from kunlunlab.retrieval.encoder import Encoder, corpus_fingerprint
-from kunlunlab.retrieval.indexes import BM25Index, FlatIndex, HNSWIndex, IVFPQIndex
+from kunlunlab.retrieval.indexes import BM25Index, FlatIndex, HNSWIndex, IVFPQIndex, place_flat, resolve_device
 from kunlunlab.retrieval.retriever import IndexConfig, Retriever
 
 MANIFEST = "manifest.json"
@@ -89,10 +91,21 @@ def read_manifest(folder: str | Path) -> dict:
 
 
 def load_retriever(folder: str | Path, embedder: str | None = None, passages: Sequence[Passage] | None = None,
-                   encoder: Encoder | None = None) -> Retriever:
-    """Loads a saved retriever. ``embedder``/``passages``, when given, must match what it was built with."""
+                   encoder: Encoder | None = None, index_config: IndexConfig | None = None) -> Retriever:
+    """Loads a saved retriever; the corpus is not embedded again. ``embedder``/``passages``, when given, must
+    match what it was built with. ``index_config`` brings the settings that belong to serving, not to the
+    build: ``device``, ``flat_backend`` and ``gpu_dtype`` (where a flat index searches), ``query_precision``
+    and ``threads``; its ``embedder`` and prefixes, when set, must match the manifest (the queries must be
+    encoded as the passages were), and its ``kind`` is not used (the manifest's is)."""
     folder = Path(folder)
     manifest = read_manifest(folder)
+    runtime = index_config or IndexConfig(kind="flat")
+    embedder = embedder or runtime.embedder
+    for key in ("query_prefix", "passage_prefix"):
+        wanted_prefix = getattr(runtime, key)
+        if wanted_prefix is not None and key in manifest and manifest[key] != wanted_prefix:
+            raise IndexMismatchError(f"{folder} was built with {key} {manifest[key]!r}, not {wanted_prefix!r}: "
+                                     "rebuild the index or use the prefixes it was built with")
     kind = manifest.get("kind")
     if kind not in _LOADERS:
         raise IndexMismatchError(f"{folder}: unknown index kind {kind!r} in manifest")
@@ -122,12 +135,21 @@ def load_retriever(folder: str | Path, embedder: str | None = None, passages: Se
     except (OSError, RuntimeError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
         raise CorruptIndexError(f"{folder}: the saved index is incomplete or corrupt ({_describe(err)}); "
                                 f"rebuild it with `kunlunlab build-index --out {folder}`") from err
+    device = resolve_device(runtime.device)
+    if kind == "flat":  # a loaded index only serves: the device copy is enough, the host's float32 copy goes
+        index = place_flat(index, device, runtime.flat_backend, runtime.gpu_dtype, keep_host=False)
     if kind != "bm25":
         encoder = encoder or Encoder(manifest["embedder"], query_prefix=manifest.get("query_prefix"),
-                                     passage_prefix=manifest.get("passage_prefix"))
+                                     passage_prefix=manifest.get("passage_prefix"), device=device,
+                                     query_precision=runtime.query_precision)
         if encoder.dim != manifest["dim"]:
             raise IndexMismatchError(f"{folder}: index dimension {manifest['dim']} != embedder dimension {encoder.dim}")
-    config = IndexConfig(kind=kind, embedder=manifest["embedder"])
+    config = IndexConfig(kind=kind, embedder=manifest["embedder"], query_prefix=manifest.get("query_prefix"),
+                         passage_prefix=manifest.get("passage_prefix"), device=runtime.device,
+                         flat_backend=runtime.flat_backend, gpu_dtype=runtime.gpu_dtype,
+                         query_precision=runtime.query_precision, threads=runtime.threads)
+    if runtime.threads:
+        faiss.omp_set_num_threads(runtime.threads)
     if kind in ("ivfpq", "hnsw", "cluster"):
         setattr(config, kind, index.config)  # the knobs the index was saved with
     return Retriever(passages, index, encoder if kind != "bm25" else None, config,
