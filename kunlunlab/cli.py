@@ -99,8 +99,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from kunlunlab.retrieval.service import serve
     from kunlunlab.retrieval.store import load_retriever
 
-    try:
-        retriever = load_retriever(args.index, embedder=args.embedder)
+    from kunlunlab.retrieval.retriever import IndexConfig
+
+    try:  # the index's device: where its embedder encodes queries and an exact index searches
+        retriever = load_retriever(args.index, embedder=args.embedder,
+                                   index_config=IndexConfig(kind="flat", device=args.device))
         if retriever.encoder is not None:
             retriever.encoder.set_query_precision(args.query_precision)
         if args.threads:
@@ -121,7 +124,7 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
     from kunlunlab.agent.backends import TransformersBackend
     from kunlunlab.agent.server import serve
 
-    serve(TransformersBackend(args.model), host=args.host, port=args.port)
+    serve(TransformersBackend(args.model, device=args.device, dtype=args.dtype), host=args.host, port=args.port)
     return 0
 
 
@@ -138,7 +141,7 @@ EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_t
                     "stie_rounds", "use_rdra", "use_stie")   # named as in kunlunlab_agent.json
 EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "judge_api", "judge_key_env",
                     "corpus", "index_kind", "embedder", "batch_size", "seed", "network_url", "router",
-                    "retriever_url", "index_dir") + EVAL_AGENT_FLAGS
+                    "retriever_url", "index_dir", "device") + EVAL_AGENT_FLAGS
 
 
 def _fail(command: str, err: BaseException | str) -> int:
@@ -227,18 +230,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     import logging
 
     from kunlunlab.paths import new_run_dir
-    from kunlunlab.training.pipeline import RunFolderConflict, run_config, train
+    from kunlunlab.retrieval.service import RetrievalServiceError
+    from kunlunlab.retrieval.store import IndexMismatchError
+    from kunlunlab.training.pipeline import RunFolderConflict, run_config, train, training_plan
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         config = run_config(args.config, list(args.set or []), smoke=args.smoke)
+        plan = training_plan(config, args.world_size, check_hardware=not args.dry_run)  # GeometryError: a ValueError
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"kunlunlab train: {err}")
+    if args.dry_run:  # the resolved plan, nothing loaded
+        print(plan.to_json())
+        return 0
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(name=time.strftime("train-%Y%m%d-%H%M%S"))
     try:
         summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
-    except RunFolderConflict as err:
-        raise SystemExit(f"kunlunlab train: {err}")
+    except (RunFolderConflict, RetrievalServiceError, IndexMismatchError, FileNotFoundError) as err:
+        raise SystemExit(f"kunlunlab train: {err}")  # a service down past its retries stops with one line
     print(json.dumps({**summary, "run_dir": str(run_dir)}))
     return 0
 
@@ -276,7 +285,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     try:
         data = read_config_file(args.config, "suite config") if args.config else {}
         data = apply_overrides(data, args.set)
-        for key in ("model", "train_config"):
+        for key in ("model", "train_config", "device"):
             if getattr(args, key) is not None:
                 data[key] = getattr(args, key)
         cfg = build_dataclass(SuiteConfig, data, "suite")
@@ -332,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     from kunlunlab.agent.methods import METHODS  # the CLI's choices are the package's constants
     from kunlunlab.retrieval.clustered import NLIST_METHODS
     from kunlunlab.retrieval.retriever import INDEX_KINDS
+    from kunlunlab.models import INFERENCE_DTYPES
     from kunlunlab.training.pipeline import HELDOUT_FILES
 
     parser = argparse.ArgumentParser(prog="kunlunlab", description=__doc__,
@@ -386,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=1024,
                    help="queries allowed to wait; beyond it requests get 503 with Retry-After")
     s.add_argument("--no-micro-batching", action="store_true", help="search one request at a time")
+    s.add_argument("--device", default="cpu", help="where queries are encoded and a flat index searches: cpu, cuda, "
+                   "cuda:N, auto (faiss-gpu where FAISS has it, else an exact torch search in float16)")
     s.add_argument("--query-precision", default="float32", choices=("float32", "onnx", "bfloat16", "int8", "auto"),
                    help="query encoder: float32 (what the agent figures were measured with), or auto: bfloat16 where "
                         "the CPU/GPU multiplies it natively (1.6x the requests/s under load, recall@10 -0.005; "
@@ -398,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model", default=None, help="hub id or local path (default: embedded SmolLM2)")
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--port", type=int, default=8001)
+    m.add_argument("--device", default="auto", help="auto (this process's CUDA GPU when present), cpu, cuda, cuda:N")
+    m.add_argument("--dtype", default="auto", choices=INFERENCE_DTYPES, help="generation dtype (auto: bfloat16 on "
+                   "a GPU with it and on CPUs that multiply bf16 natively)")
     m.set_defaults(func=cmd_serve_llm)
 
     e = sub.add_parser("eval", help="run one method over one dataset; JSON summary as the last line")
@@ -450,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-stie", dest="use_stie", action="store_false", default=None,
                    help="kunlun without STIE over answer rounds (ablation)")
     e.add_argument("--seed", type=int, default=None, help="world and sampling seed (default 0)")
+    e.add_argument("--device", default=None, help="where a local model generates: auto (default: this process's "
+                   "CUDA GPU when present), cpu, cuda, cuda:N")
     e.add_argument("--network-url", default=None, help="retrieval service used as NLR's network tier")
     e.add_argument("--router", default=None, help="trained NLR policy file (default: query both tiers)")
     e.add_argument("--out", default=None, help="JSONL file, one record per question (default: records.jsonl "
@@ -461,6 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", default=None, help="run folder; an existing one is resumed (default: a new one)")
     t.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="overrides, e.g. sft.learning_rate=5e-5")
     t.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
+    t.add_argument("--dry-run", action="store_true", help="print the resolved batch geometry, device and dtype as "
+                   "one JSON line and stop (nothing is loaded); an inconsistent geometry is refused in one line")
+    t.add_argument("--world-size", type=int, default=None, help="training processes to plan for (default: this "
+                   "launch's WORLD_SIZE, else 1), e.g. --dry-run --world-size 7 for the 8-GPU recipe")
     t.set_defaults(func=cmd_train)
 
     n = sub.add_parser("train-router", help="train NLR's routing policy against a loopback network tier; "
@@ -493,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--model", default=None, help="trained checkpoint folder (default: the embedded, untrained model)")
     q.add_argument("--train-config", default=None,
                    help="the checkpoint's train_config.json, whose held-out split is evaluated")
+    q.add_argument("--device", default=None, help="where the checkpoint generates: auto (default: CUDA when "
+                   "present), cpu, cuda, cuda:N")
     q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/suite.py)")
     q.add_argument("--set", nargs="*", default=None,
                    help='SuiteConfig overrides, e.g. world_questions=100 \'baselines=["naive_rag"]\'')

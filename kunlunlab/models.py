@@ -173,14 +173,51 @@ def resolve_llm(name_or_path: str | None) -> str:
     return str(name_or_path)
 
 
+def resolve_device(device: str | None = "auto") -> str:
+    """The torch device a model runs on. ``auto``: this process's CUDA GPU when one is present (``LOCAL_RANK``
+    under ``accelerate launch``/``torchrun``, else GPU 0), the CPU elsewhere; ``cuda`` likewise picks this
+    process's GPU; ``cpu`` and ``cuda:N`` are taken as given."""
+    import torch
+
+    if device in (None, "", "auto"):
+        if not torch.cuda.is_available():
+            return "cpu"
+        device = "cuda"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelNotAvailableError("device 'cuda' asked for, but torch sees no CUDA GPU (use device=auto or cpu)")
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if device != "cpu" and not device.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    return device
+
+
+def resolve_model_dtype(dtype: str, device: str) -> str:
+    """The dtype weights are loaded in. ``auto``: bfloat16 on a CUDA GPU that has it (a 7B model is 15 GB
+    instead of 30), float32 elsewhere (the CPU default: training and make run's numbers are float32)."""
+    import torch
+
+    if dtype not in INFERENCE_DTYPES:
+        raise ValueError(f"unknown model dtype {dtype!r}; choose from {INFERENCE_DTYPES}")
+    if dtype != "auto":
+        return dtype
+    if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
 def load_llm(name_or_path: str | None = None, dtype: str = "float32", device: str | None = None):
-    """(model, tokenizer) for the embedded default or any hub id / local path."""
+    """(model, tokenizer) for the embedded default or any hub id / local path, loaded straight onto ``device``
+    (see :func:`resolve_device`; None: the CPU) in ``dtype`` (see :func:`resolve_model_dtype`): a 7B model
+    goes to its GPU in bfloat16 without a float32 copy in host memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    target = "cpu" if device is None else resolve_device(device)
     source = resolve_llm(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_model_dtype(dtype, target),
+                                                     device_map={"": target} if target != "cpu" else None)
     except OSError as err:
         raise ModelNotAvailableError(
             f"Cannot load LLM {name_or_path!r}: {err}. Pass a local checkpoint path, or a hub id that is "
@@ -188,8 +225,6 @@ def load_llm(name_or_path: str | None = None, dtype: str = "float32", device: st
         ) from err
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if device:
-        model.to(device)
     model.eval()
     return model, tokenizer
 

@@ -50,6 +50,7 @@ class SuiteConfig:
     judge: str | None = None          # LJ judge model (None: LJ absent, never self-judged by default)
     judge_url: str | None = None
     index_kind: str = "flat"
+    device: str = "auto"              # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
     batch_size: int = 20              # questions per generation batch: 20 world questions in one batch took
                                       # 57.9 s against 83.2 s in two of 10 (2-core CPU, 2026-11-25)
     n_resamples: int = 2000           # paired-bootstrap resamples behind every interval of the tables
@@ -129,7 +130,7 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
     start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    backend = backend or TransformersBackend(cfg.model)
+    backend = backend or TransformersBackend(cfg.model, device=cfg.device)
     base = EvalConfig.for_checkpoint(cfg.model, method=cfg.method, judge=cfg.judge, judge_url=cfg.judge_url,
                                      index_kind=cfg.index_kind, batch_size=cfg.batch_size, seed=cfg.seed) \
         if cfg.model else EvalConfig(method=cfg.method, judge=cfg.judge, judge_url=cfg.judge_url,

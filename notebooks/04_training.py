@@ -43,6 +43,7 @@
 config = "experiments/configs/training/train_embedded_cpu.json"   # relative to the repository root, or absolute
 overrides = {}            # e.g. {"sft.learning_rate": 5e-5, "dapo.steps": 8}
 smoke = False
+device = "auto"           # where the model trains and generates: auto (CUDA when present), cpu, cuda, cuda:N
 run_dir = None            # None: a new experiments/runs/<timestamp>-04_training folder
 
 # %%
@@ -55,7 +56,7 @@ from kunlunlab.training.pipeline import TrainingRun, run_config, training_logs
 from kunlunlab.viz import (before_after_figure, before_after_html, data_figure, render_trajectory, save_figure,
                            sft_loss_figure, training_curves)
 
-cfg = run_config(config, overrides, smoke=smoke)
+cfg = run_config(config, {"device": device, **overrides}, smoke=smoke)
 run_dir = notebook_run_dir(run_dir, "04_training")
 print("run folder:", run_dir)
 print(json.dumps(cfg.to_dict(), indent=1)[:1500])

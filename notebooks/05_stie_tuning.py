@@ -49,6 +49,7 @@ batch_size = 24           # questions per generation batch (one batch: 3 batches
 index_kind = None         # retrieval index; None: the training config's (as the model was trained)
 simulated_questions = 200 # size of the labelled loop simulation
 seed = 0
+device = "auto"           # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
 smoke = False
 run_dir = None
 
@@ -198,7 +199,7 @@ print("settings:", {k: getattr(collect, k) for k in ("method", "use_rdra", "inde
       {k: getattr(collect.rollout, k) for k in ("top_k", "max_total_tokens", "max_turn_tokens")},
       "STIE rounds:", collect.stie.max_rounds)
 print(f"{len(examples)} held-out questions from {train_config}")
-backend = TransformersBackend(model)
+backend = TransformersBackend(model, device=device)
 records_path = run_dir / "rounds.jsonl"
 summary = evaluate(collect, records_path, backend=backend, examples=examples, passages=world.passages)
 records = [json.loads(line) for line in records_path.read_text().splitlines()]

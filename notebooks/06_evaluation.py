@@ -45,6 +45,7 @@ nlr_latency_ms = 150.0     # the network tier's added latency per request
 judge = None               # LJ judge: a model (hub id / path) or, with judge_url, a served model's name
 judge_url = None
 index_kind = "flat"
+device = "auto"            # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
 batch_size = 20            # questions per generation batch
 training_runs = {}         # training ablations: label -> `kunlunlab train` run folder; the first is the reference
 n_resamples = 2000
@@ -75,7 +76,7 @@ cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baseli
                   world_questions=world_questions, hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
                   nlr_latency_ms=nlr_latency_ms, judge=judge,
-                  judge_url=judge_url, index_kind=index_kind, batch_size=batch_size, n_resamples=n_resamples,
+                  judge_url=judge_url, index_kind=index_kind, device=device, batch_size=batch_size, n_resamples=n_resamples,
                   seed=seed)
 
 # %% [markdown]

@@ -54,6 +54,7 @@ dapo_learning_rate = None   # None: the config's (dapo.learning_rate); set, it a
 sft_overrides = {}        # without ref_run: config overrides of the SFT trained here, shared by every variant
 variant_hotpot = False    # also evaluate the variants on the held-out HotpotQA questions (about 2 min more each)
 smoke = False
+device = "auto"           # where the variants train and generate: auto (CUDA when present), cpu, cuda, cuda:N
 run_dir = None            # None: a new experiments/runs/<timestamp>-07_process_rewards folder
 
 # %%
@@ -94,7 +95,7 @@ print("run folder:", run_dir)
 # here, with the same config and no DAPO.
 
 # %%
-base_overrides = {**sft_overrides, "dapo.enabled": False, "eval.before": False}
+base_overrides = {**sft_overrides, "device": device, "dapo.enabled": False, "eval.before": False}
 if ref_run:
     ref = Path(ref_run)
     if not ref.is_absolute() and not ref.exists():
@@ -130,7 +131,8 @@ else:
     sft_final = base_dir / "sft" / "final"
     folders["SFT only"] = base_dir
     notes["SFT only"] = "the SFT run trained here, evaluated right after SFT"
-common = {**sft_overrides, "model": str(sft_final.resolve()), "sft.enabled": False, "eval.before": False}
+common = {**sft_overrides, "device": device, "model": str(sft_final.resolve()), "sft.enabled": False,
+          "eval.before": False}
 if dapo_learning_rate is not None:
     common["dapo.learning_rate"] = dapo_learning_rate
 if not variant_hotpot:  # world only: the HotpotQA comparison is skipped (no held-out HotpotQA records)

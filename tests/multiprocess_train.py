@@ -42,10 +42,50 @@ def install_reward_recorder(run_dir: Path) -> None:
     grpo.GRPOTrainer._calculate_rewards = recording
 
 
+def install_generation_server_stand_in(run_dir: Path) -> None:
+    """With ``dapo.use_vllm`` the rollouts go to an OpenAI-compatible server (``kunlunlab serve-llm`` stands in
+    for ``trl vllm-serve``). Only TRL's weight sync is replaced (it needs CUDA and vLLM's NCCL communicator):
+    a stand-in ``VLLMGeneration`` that counts the syncs. Every completion request a rank sends is recorded in
+    ``<run dir>/rank<i>_server_calls.jsonl``."""
+    import trl.trainer.grpo_trainer as grpo
+
+    from kunlunlab.agent import backends
+
+    class WeightSyncStandIn:
+        def __init__(self, accelerator=None, **kwargs):
+            self.accelerator = accelerator
+            self.vllm_client = self  # TRL reads the server's logprobs mode through it on the main process
+
+        def get_server_info(self):
+            return {"model_config": {"logprobs_mode": "processed_logprobs"}}
+
+        def sync_weights(self):
+            with (run_dir / f"rank{self.accelerator.process_index}_syncs.jsonl").open("a") as f:
+                f.write("{}\n")
+
+    complete = backends.OpenAIBackend.complete
+
+    def recording_complete(self, prompts, *args, **kwargs):
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with (run_dir / f"rank{rank}_server_calls.jsonl").open("a") as f:
+            f.write(json.dumps({"rank": rank, "url": self.url, "prompts": len(prompts)}) + "\n")
+        return complete(self, prompts, *args, **kwargs)
+
+    grpo.VLLMGeneration = WeightSyncStandIn
+    backends.OpenAIBackend.complete = recording_complete
+
+
 def main(argv: list[str]) -> int:
+    import os
+
     from kunlunlab.cli import main as cli
 
-    install_reward_recorder(Path(argv[argv.index("--run-dir") + 1]))
+    run_dir = Path(argv[argv.index("--run-dir") + 1])
+    install_reward_recorder(run_dir)
+    if os.environ.get("KUNLUNLAB_TEST_GENERATION_SERVER"):
+        install_generation_server_stand_in(run_dir)
     return cli(argv)
 
 

@@ -1,13 +1,18 @@
 """Training on more than one process: the SFT and DAPO stages under ``accelerate launch --num_processes 2``
-on CPU (gloo), with the embedded model at the smoke sizes, against the same config run in one process.
+on CPU (gloo), with the embedded model at the smoke sizes, against the same config run in one process. Both
+runs train LoRA adapters and generate their DAPO rollouts on an OpenAI-compatible server (``kunlunlab
+serve-llm`` standing in for ``trl vllm-serve``; only TRL's weight sync, which needs CUDA, is replaced), as the
+multi-GPU recipe does: every rank reaches the server at the address of its own arguments.
 
 The launched script is ``kunlunlab train`` (``tests/multiprocess_train.py`` adds a recorder of the rewards
 each rank computed and got back from TRL's gather). Checked: both ranks exit 0; in every DAPO step both
 ranks hold the same gathered rewards, made of each rank's own rollouts in rank order; the one
 ``dapo_rollouts.jsonl`` record of the step covers both ranks' rollouts and agrees with TRL's logged
-reward; only the main process evaluates; the saved ``sft/final`` and ``dapo/final`` load with
-``load_llm`` and have the parameter names and shapes of the single-process run's models. About 2 minutes
-on 2 CPU cores (deselect with ``-m "not multiprocess"``)."""
+reward; both ranks' rollouts reached the generation server and it answered each request; each rank evaluates
+half of the held-out questions and the main process writes them all; the saved ``sft/final`` and
+``dapo/final`` are whole models (adapters merged) that load with ``load_llm`` and have the parameter names and
+shapes of the single-process run's models. About 3 minutes on 2 CPU cores (deselect with
+``-m "not multiprocess"``)."""
 from __future__ import annotations
 
 import json
@@ -31,9 +36,11 @@ PROCESSES = 2
 # corpus embedding); one SFT checkpoint, so saving one under two processes is exercised too. The overlong
 # penalty starts at the first model token (-model_tokens/160): the untrained model earns no format or
 # accuracy reward in 32-token turns, and all-zero rewards would make the comparison across ranks empty.
-OVERRIDES = ["hotpot=false", "index_kind=bm25", "eval.before=false", "eval.world_questions=1",
-             "eval.hotpot_questions=0", "sft.save_steps=2", "bf16=false",
-             "rewards.overlong_max_tokens=160", "rewards.overlong_buffer=160"]
+OVERRIDES = ["hotpot=false", "index_kind=bm25", "eval.before=false", "eval.world_questions=2",
+             "eval.hotpot_questions=0", "sft.save_steps=2", "bf16=false", "dapo.prompts_per_step=2",
+             "rewards.overlong_max_tokens=160", "rewards.overlong_buffer=160", "lora.enabled=true", "lora.r=4",
+             "lora.alpha=8", 'lora.target_modules=["q_proj","v_proj"]', "sft.learning_rate=1e-2",
+             "dapo.use_vllm=true"]
 RUN_TIMEOUT = 600
 
 
@@ -55,7 +62,8 @@ def _free_port() -> int:
 
 def _env() -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES="", TRL_EXPERIMENTAL_SILENCE="1")
+               OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES="", TRL_EXPERIMENTAL_SILENCE="1",
+               KUNLUNLAB_TEST_GENERATION_SERVER="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 
@@ -76,8 +84,36 @@ def _run(cmd: list[str], what: str) -> tuple[float, str]:
     return time.perf_counter() - t0, out
 
 
-def _train_args(run_dir: Path) -> list[str]:
-    return ["train", "--run-dir", str(run_dir), "--smoke", "--set", *OVERRIDES]
+def _train_args(run_dir: Path, server: str) -> list[str]:
+    return ["train", "--run-dir", str(run_dir), "--smoke", "--set", *OVERRIDES, f"dapo.vllm_server_url={server}"]
+
+
+@pytest.fixture(scope="module")
+def generation_server(tmp_path_factory):
+    """``kunlunlab serve-llm`` on a free loopback port (the embedded model); its access log in a file."""
+    import httpx
+
+    log = tmp_path_factory.mktemp("server") / "access.log"
+    port = _free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kunlunlab.cli", "serve-llm", "--port", str(port)], cwd=ROOT,
+                                env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"serve-llm did not answer in 120 s:\n{log.read_text()[-3000:]}")
+        yield url, log
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def _launch_args() -> list[str]:
@@ -90,19 +126,20 @@ def _launch_args() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, generation_server):
     missing = _gloo_missing()
     if missing:
         pytest.skip(missing)
     from kunlunlab.training.pipeline import run_config
 
+    server, log = generation_server
     single, multi = tmp_path_factory.mktemp("single"), tmp_path_factory.mktemp("multi")
-    # `kunlunlab train` in one process first: it also converts the embedded model into the cache once (two
-    # ranks converting it at the same time would race on the cache folder)
-    seconds, _ = _run([sys.executable, "-m", "kunlunlab.cli", *_train_args(single)], "kunlunlab train")
-    launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi)], "accelerate launch")
+    # one process first (the server has converted the embedded model into the cache already: two ranks
+    # converting it at the same time would race on the cache folder)
+    seconds, _ = _run([sys.executable, str(SCRIPT), *_train_args(single, server)], "kunlunlab train")
+    launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi, server)], "accelerate launch")
     return {"cfg": run_config(None, OVERRIDES, smoke=True), "single": single, "multi": multi, "out": out,
-            "seconds": {"single": seconds, "multi": launched}}
+            "seconds": {"single": seconds, "multi": launched}, "server": server, "server_log": log}
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -115,9 +152,14 @@ def _total(row: list, weights: list[float]) -> float:  # TRL's weighted nansum o
 
 def test_both_ranks_finish_both_stages(runs):
     multi, out = runs["multi"], runs["out"]
-    # every rank reports its stages (exit code 0 checked by the fixture); only the main process evaluates
+    # every rank reports its stages (exit code 0 checked by the fixture) and its evaluation
     assert out.count("SFT done: 2 steps") == PROCESSES and out.count("DAPO done: 1 steps") == PROCESSES, out[-4000:]
-    assert out.count("eval after: world EM") == 1, out[-4000:]
+    assert out.count("eval after: world EM") == PROCESSES, out[-4000:]
+    # each rank evaluated one of the two held-out questions; the main process wrote both, in question order
+    records = _jsonl(multi / "eval_after_world.jsonl")
+    single_records = _jsonl(runs["single"] / "eval_after_world.jsonl")
+    assert [r["id"] for r in records] == [r["id"] for r in single_records] and len(records) == 2
+    assert not list(multi.glob("eval_after_world.rank*.jsonl"))
     state = json.loads((multi / "state.json").read_text())
     assert state["sft_done"] and state["dapo_done"]
     assert state["steps"] == {"sft": 2, "dapo": 1}
@@ -132,7 +174,8 @@ def test_both_ranks_see_the_same_gathered_rewards(runs):
     multi, cfg = runs["multi"], runs["cfg"]
     by_rank = [_jsonl(multi / f"rank{r}_rewards.jsonl") for r in range(PROCESSES)]
     steps = cfg.dapo.steps
-    per_rank = cfg.dapo.prompts_per_step * cfg.dapo.num_generations
+    prompts_per_rank = cfg.dapo.prompts_per_step // PROCESSES  # prompts_per_step counts every process's questions
+    per_rank = prompts_per_rank * cfg.dapo.num_generations
     assert [len(rows) for rows in by_rank] == [steps] * PROCESSES
     for step_rows in zip(*by_rank):
         assert [r["rank"] for r in step_rows] == list(range(PROCESSES))
@@ -143,7 +186,7 @@ def test_both_ranks_see_the_same_gathered_rewards(runs):
         for r in step_rows:
             assert r["gathered"] == gathered, f"rank {r['rank']} holds other rewards than rank 0"
             # each rank rolled out whole groups of its own questions; its rewards sit at its slot
-            assert len(r["questions"]) == per_rank and len(set(r["questions"])) == cfg.dapo.prompts_per_step
+            assert len(r["questions"]) == per_rank and len(set(r["questions"])) == prompts_per_rank
             assert gathered[r["rank"] * per_rank:(r["rank"] + 1) * per_rank] == r["local"]
         assert not set(step_rows[0]["questions"]) & set(step_rows[1]["questions"]), "both ranks got one question"
 
@@ -157,6 +200,21 @@ def test_both_ranks_see_the_same_gathered_rewards(runs):
         totals = [_total(row, cfg.rewards.weights) for row in step_rows[0]["gathered"]]
         assert record["reward"] == pytest.approx(sum(totals) / len(totals), abs=1e-5)
         assert log_row["reward"] == pytest.approx(record["reward"], abs=1e-5)
+
+
+def test_every_rank_rolls_out_through_the_generation_server(runs):
+    multi, cfg = runs["multi"], runs["cfg"]
+    per_rank = cfg.dapo.prompts_per_step // PROCESSES * cfg.dapo.num_generations
+    calls = {r: _jsonl(multi / f"rank{r}_server_calls.jsonl") for r in range(PROCESSES)}
+    for rank, rows in calls.items():
+        assert rows, f"rank {rank} never reached the generation server"
+        assert {row["url"] for row in rows} == {runs["server"] + "/v1"}  # the OpenAI client's base URL
+        assert max(row["prompts"] for row in rows) == per_rank  # the rank's whole rollout batch in one request
+    # TRL syncs the weights before the step's rollout (main process only, in TRL; the stand-in counts calls)
+    assert (multi / "rank0_syncs.jsonl").is_file()
+    # the server answered every request of both runs (its access log: one line per request)
+    sent = sum(len(rows) for rows in calls.values()) + len(_jsonl(runs["single"] / "rank0_server_calls.jsonl"))
+    assert runs["server_log"].read_text().count('"POST /v1/completions HTTP/1.1" 200') == sent
 
 
 def test_final_models_load_and_match_the_single_process_run(runs):
@@ -175,5 +233,6 @@ def test_final_models_load_and_match_the_single_process_run(runs):
         single, _ = load_llm(str(runs["single"] / stage / "final"))
         assert shapes(multi) == shapes(single) == shapes(base), stage
         assert tok("<search>")["input_ids"], stage
-        if stage == "sft":  # two processes trained it: the top layers moved from the embedded model's
-            assert any(not p.detach().equal(base_params[n].detach()) for n, p in multi.named_parameters())
+        if stage == "sft":  # two processes trained the adapters, merged into the attention projections
+            moved = {n for n, p in multi.named_parameters() if not p.detach().equal(base_params[n].detach())}
+            assert moved and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in moved), sorted(moved)[:4]

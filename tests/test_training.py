@@ -177,7 +177,9 @@ def test_bf16_auto_follows_the_hardware_and_bad_values_are_refused(monkeypatch):
 
 
 def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questions, bm25, backend):
-    """Multi-GPU recipe path: TRL's vLLM server speaks /v1/completions; our serve-llm stands in for it."""
+    """Multi-GPU recipe path: TRL's vLLM server speaks /v1/completions; our serve-llm stands in for it. The
+    trainer here has no ``vllm_generation`` (TRL creates its client on the main process only): the server's
+    address comes from the trainer's arguments and its model name from GET /v1/models, as on any rank."""
     from types import SimpleNamespace
 
     from kunlunlab.agent.server import create_app
@@ -192,11 +194,11 @@ def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questi
     with ServiceThread(app=create_app(backend)) as url:
         trainer = SimpleNamespace(
             use_vllm=True, num_generations=2, model=model, state=SimpleNamespace(global_step=0),
-            args=SimpleNamespace(vllm_mode="server", seed=0),
-            accelerator=SimpleNamespace(unwrap_model=lambda m: m),
-            vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(base_url=url, model=backend.name)))
+            args=SimpleNamespace(vllm_mode="server", seed=0, vllm_server_base_url=url + "/"),
+            accelerator=SimpleNamespace(unwrap_model=lambda m: m))
         out = rollout([questions[0].question] * 2, trainer)
     assert rollout._remote is not None and rollout._remote.url.startswith(url)
+    assert rollout._remote.model == backend.name  # the served model's id, as GET /v1/models lists it
     assert len(out["completion_ids"]) == 2 and all(len(m) == len(c) for m, c in zip(out["env_mask"], out["completion_ids"]))
     trainer.args.vllm_mode = "colocate"
     rollout._remote = None

@@ -12,7 +12,9 @@ batch. This is why a multi-turn rollout runs at close to the speed of plain batc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -214,6 +216,19 @@ def _in_dtype(model, dtype: str):
     return copied
 
 
+def _attention_kernels(device):
+    """The SDPA kernels a session's forward may use. On the CPU only the math kernel: torch 2.13's CPU flash
+    kernel, which transformers 5.24 picks for a boolean mask, returned wrong attention for a row whose appended
+    chunk is left-padded after a shared prefix (the batched greedy answer of the second of three prompts
+    differed from the same prompt alone and from ``generate``: tests/test_backends.py). The math kernel and
+    eager attention agree with both. On a GPU the kernels are left to torch."""
+    if device.type != "cpu":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # deferred like every torch import of this module
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 class TransformersBackend:
     """Local model; ``model``/``tokenizer`` given, or loaded by name (None: the embedded SmolLM2)."""
 
@@ -223,13 +238,18 @@ class TransformersBackend:
         natively, see :func:`kunlunlab.models.resolve_inference_dtype`). A given ``model`` in another dtype
         (a training model in float32) is copied once into that dtype for generation, so a backend is a
         snapshot of the weights at its creation: the DAPO rollout builds a new one for every rollout call."""
-        from kunlunlab.models import load_llm, resolve_inference_dtype
+        from kunlunlab.models import load_llm, resolve_device, resolve_inference_dtype
 
         if model is None or tokenizer is None:
-            model, tokenizer = load_llm(name, dtype=resolve_inference_dtype(dtype, device), device=device)
+            target = resolve_device(device or "cpu")
+            model, tokenizer = load_llm(name, dtype=resolve_inference_dtype(dtype, target), device=target)
         else:
             model = _in_dtype(model, resolve_inference_dtype(dtype, str(next(model.parameters()).device)))
         self.model, self.tokenizer = model, tokenizer
+        # transformers 5.x renamed forward's ``past_key_values`` to ``cache`` (the old name warns and goes in 5.40);
+        # the GPU extra pins an older 5.x that vLLM supports, so the name is read from the model's signature
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes kwargs on
+        self.cache_kwarg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self.name = name or "smollm2-135m-instruct"
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -254,15 +274,18 @@ class TransformersSession:
         self.backend, self.sampling = backend, sampling
         self.torch = torch
         self.top_p = TopPLogitsWarper(sampling.top_p) if sampling.top_p < 1.0 else None
-        self.generator = torch.Generator(device="cpu").manual_seed(sampling.seed)
+        # Sampling, the attention mask and the positions live on the model's device; each generated token costs
+        # one host copy of the batch's chosen ids and log-probs (for the stop strings), never of the logits.
+        self.device = backend.device
+        self.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         self.slots = list(range(len(prompts)))  # slot -> row id; compaction removes slots
         self.cache = _growing_cache_class()()
         shared = _shared_prefix_length(prompts)
         if shared:
             # The prefix every prompt shares (system prompt and chat template, ~180 tokens of ~420 in an
             # evaluation batch) is prefilled once and copied to every row; the rest follows as an appended chunk.
-            self.mask = torch.ones((1, shared), dtype=torch.long)
-            self.positions = torch.tensor([shared])
+            self.mask = torch.ones((1, shared), dtype=torch.long, device=self.device)
+            self.positions = torch.tensor([shared], device=self.device)
             self._forward(torch.tensor([list(prompts[0][:shared])]), self.mask, torch.arange(shared)[None])
             self.tokens_processed = shared
             self._repeat_rows(len(prompts))
@@ -275,9 +298,9 @@ class TransformersSession:
         for i, p in enumerate(prompts):  # left padding
             ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
             mask[i, width - len(p):] = 1
-        self.mask = mask
-        self.positions = mask.sum(1)  # next position id of each slot
-        self.next_logits = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0))
+        self.mask = mask.to(self.device)
+        self.positions = self.mask.sum(1)  # next position id of each slot
+        self.next_logits = self._forward(ids, self.mask, (self.mask.cumsum(1) - 1).clamp(min=0))
         self.tokens_processed = int(mask.sum())
 
     def _repeat_rows(self, n: int) -> None:
@@ -292,12 +315,12 @@ class TransformersSession:
     def _forward(self, ids, chunk_mask, position_ids):
         """Feeds a chunk for every slot; returns each slot's logits at its last real position of the chunk."""
         torch = self.torch
-        device = self.backend.device
-        with torch.no_grad():
-            out = self.backend.model(input_ids=ids.to(device), attention_mask=self.mask.to(device),
-                                     position_ids=position_ids.to(device), past_key_values=self.cache,
-                                     use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1, :].float().cpu()
+        device = self.device
+        with torch.no_grad(), _attention_kernels(device):
+            out = self.backend.model(input_ids=ids.to(device), attention_mask=self.mask,
+                                     position_ids=position_ids.to(device), use_cache=True, logits_to_keep=1,
+                                     **{self.backend.cache_kwarg: self.cache})
+        return out.logits[:, -1, :].float()
 
     def _slot(self, row: int) -> int:
         return self.slots.index(row)
@@ -327,13 +350,14 @@ class TransformersSession:
         n = len(self.slots)
         while active:
             chosen, logprob = self._sample(self.next_logits)
-            step_mask = torch.zeros((n, 1), dtype=torch.long)
-            step_ids = torch.full((n, 1), self.backend.pad_id, dtype=torch.long)
+            live = torch.zeros(n, dtype=torch.bool, device=self.device)
+            live[torch.tensor(list(active), device=self.device)] = True
+            step_mask = live.long()[:, None]
+            step_ids = torch.where(live, chosen, self.backend.pad_id)[:, None]
+            chosen_host, logprob_host = chosen.tolist(), logprob.tolist()  # the step's one host copy
             for slot, row in active.items():
-                step_mask[slot, 0] = 1
-                step_ids[slot, 0] = chosen[slot]
-                gen[row].append(int(chosen[slot]))
-                lps[row].append(float(logprob[slot]))
+                gen[row].append(chosen_host[slot])
+                lps[row].append(logprob_host[slot])
             done = []
             for slot, row in active.items():
                 token = gen[row][-1]
@@ -353,7 +377,7 @@ class TransformersSession:
             fed = step_mask[:, 0].bool()
             self.next_logits[fed] = logits[fed]
             self.positions += step_mask[:, 0]
-            self.tokens_processed += int(step_mask.sum())
+            self.tokens_processed += len(active)
             for slot in done:
                 del active[slot]
         tok = self.backend.tokenizer
@@ -372,6 +396,7 @@ class TransformersSession:
             slot = self._slot(row)
             ids[slot, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
             chunk_mask[slot, width - len(toks):] = 1
+        chunk_mask = chunk_mask.to(self.device)
         position_ids = self.positions[:, None] + (chunk_mask.cumsum(1) - 1).clamp(min=0)
         self.mask = torch.cat([self.mask, chunk_mask], dim=1)
         logits = self._forward(ids, chunk_mask, position_ids)
@@ -392,8 +417,8 @@ class TransformersSession:
         if not keep:
             self.cache = None
             return
-        index = self.torch.tensor(keep, dtype=self.torch.long)
-        self.cache.batch_select_indices(index.to(self.backend.device))
+        index = self.torch.tensor(keep, dtype=self.torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
         self.mask, self.positions, self.next_logits = self.mask[index], self.positions[index], self.next_logits[index]
         # Columns masked in every remaining row carry no information: drop them from mask and cache alike.
         live = self.mask.sum(0) > 0
@@ -403,8 +428,8 @@ class TransformersSession:
     def _drop_columns(self, live) -> None:
         index = live.nonzero().squeeze(-1)
         for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, index.to(layer.keys.device), :]
-            layer.values = layer.values[:, :, index.to(layer.values.device), :]
+            layer.keys = layer.keys[:, :, index, :]
+            layer.values = layer.values[:, :, index, :]
         self.mask = self.mask[:, index]
 
 

@@ -101,6 +101,7 @@ class EvalConfig:
     embedder: str | None = None
     batch_size: int = 8
     dtype: str = "auto"             # generation dtype; auto: bfloat16 where the hardware has it (2x on AMX CPUs)
+    device: str = "auto"            # where a local model generates: auto (CUDA when present), cpu, cuda, cuda:N
     world_passages: int = 2000
     seed: int = 0
     # the agent's budgets (searches, tokens per turn and per trajectory, passages per search, characters per
@@ -278,7 +279,7 @@ def make_backend(config: EvalConfig):
 
     if config.llm_url:
         return OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
-    return TransformersBackend(config.model, dtype=config.dtype)
+    return TransformersBackend(config.model, device=config.device, dtype=config.dtype)
 
 
 def make_judge_backend(config: EvalConfig, backend):
@@ -299,7 +300,7 @@ def make_judge_backend(config: EvalConfig, backend):
         return OpenAIBackend(config.judge_url, config.judge)
     if config.judge == SELF_JUDGE or config.judge in (config.model, backend.name):
         return backend
-    return TransformersBackend(config.judge, dtype=config.dtype)
+    return TransformersBackend(config.judge, device=config.device, dtype=config.dtype)
 
 
 class EvalRetrievalError(RuntimeError):

@@ -14,6 +14,8 @@ from kunlunlab.training.process_rewards import MCTSConfig
 from kunlunlab.training.rewards import RewardConfig
 
 AGENT_METHODS = ("kunlun", "agent")
+TRACKERS = ("tensorboard", "wandb")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -37,9 +39,12 @@ class DAPOStageConfig:
     """Stage 2, DAPO (TRL ``GRPOTrainer`` with ``loss_type="dapo"``) over rollouts of the shared engine."""
 
     enabled: bool = True
-    steps: int = 8
-    prompts_per_step: int = 2
+    steps: int = 8                   # optimizer updates (TRL's max_steps); rollout calls = steps / updates_per_generation
+    prompts_per_step: int = 2        # questions per rollout batch, all training processes together
     num_generations: int = 4
+    micro_batch_size: int | None = None  # sequences per forward/backward on one device (None: a whole update's)
+    updates_per_generation: int = 1  # optimizer updates per rollout batch; >= 2 lets the importance ratio move so
+                                     # clip-higher can bind (kunlunlab.training.geometry)
     learning_rate: float = 5e-6
     epsilon: float = 0.2             # clip low
     epsilon_high: float = 0.28       # clip-higher (DAPO)
@@ -55,6 +60,80 @@ class DAPOStageConfig:
     logging_steps: int = 1
     use_vllm: bool = False           # multi-GPU: generation on TRL's vLLM (see experiments/configs)
     vllm_mode: str = "server"
+    vllm_server_url: str | None = None  # the `trl vllm-serve` address (None: TRL's default host and port, 8000)
+
+
+@dataclass
+class LoRAConfig:
+    """Low-rank adapters through peft (TRL's ``peft_config``) for SFT, PRL's DPO and DAPO: a 7B model then trains
+    on one 80 GB GPU. Each stage trains a fresh adapter on the previous stage's weights and merges it into them
+    when it finishes, so every ``<stage>/final`` is a whole model that ``kunlunlab eval --model`` reads."""
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] | str = "all-linear"
+
+    def peft_config(self):
+        """The ``peft.LoraConfig`` of these settings, or None when LoRA is off."""
+        if not self.enabled:
+            return None
+        from peft import LoraConfig  # deferred: peft is needed only when LoRA is on
+
+        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                          target_modules=self.target_modules, task_type="CAUSAL_LM")
+
+
+@dataclass
+class RetrievalSource:
+    """Where the real data's searches go (HotpotQA/2Wiki SFT trajectories, real RL prompts' rollouts, their
+    held-out evaluation): a retrieval service (``url``: Search-R1's ``POST /retrieve``, which ``kunlunlab
+    serve-retriever`` speaks; every training process uses the one service) or a saved index folder
+    (``index_dir``: what ``kunlunlab build-index`` writes, loaded without embedding its corpus). Neither: each
+    real corpus is indexed in process, as before. A service that stays down after ``attempts`` tries
+    (exponential ``backoff`` seconds, ``timeout`` each) stops training with one line naming it. The synthetic
+    world keeps its own in-process index (``index_kind``): its passages are in no external corpus."""
+
+    url: str | None = None
+    index_dir: str | None = None
+    attempts: int = 5
+    backoff: float = 1.0
+    timeout: float = 60.0
+
+    def __post_init__(self):
+        if self.url and self.index_dir:
+            raise ValueError("retrieval: set url or index_dir, not both")
+        if self.attempts < 1:
+            raise ValueError(f"retrieval.attempts must be at least 1, got {self.attempts}")
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.url or self.index_dir)
+
+
+@dataclass
+class DataSpec:
+    """Real QA data beside the synthetic world. ``rl_prompts``: a Search-R1/veRL train file (parquet or jsonl:
+    ``prompt``, ``reward_model.ground_truth``) or any layout :func:`~kunlunlab.data.loaders.load_qa` reads
+    (FlashRAG jsonl ``golden_answers``, HotpotQA JSON); answers come from the layout's own field. Its first
+    ``rl_heldout`` questions are held out for evaluation (never trained on), the rest are DAPO prompts:
+    ``rl_prompts_share`` of the prompt pool (1.0 replaces the world's questions; 0.5 mixes them one to one).
+    ``sft_share``: share of each SFT epoch written from its questions that carry gold supporting titles and
+    their paragraphs (HotpotQA layout), searched through ``retrieval``."""
+
+    rl_prompts: str | None = None
+    rl_prompts_limit: int | None = None   # read the first N questions of the file (None: all)
+    rl_heldout: int = 20
+    rl_prompts_share: float = 1.0
+    sft_share: float = 0.0
+
+    def __post_init__(self):
+        for name in ("rl_prompts_share", "sft_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"data.{name} must lie in [0, 1], got {getattr(self, name)}")
+        if self.rl_heldout < 0:
+            raise ValueError(f"data.rl_heldout must be at least 0, got {self.rl_heldout}")
 
 
 @dataclass
@@ -122,9 +201,17 @@ class TrainConfig:
     threads: int | None = None
     seed: int = 0
     bf16: bool | str = False         # bf16 autocast in training; "auto": where the hardware has native bf16
+    device: str = "auto"             # where the model lives: auto (CUDA when present; under accelerate this
+                                     # process's GPU), cpu, cuda, cuda:N
+    model_dtype: str = "auto"        # the weights' dtype: auto (bfloat16 on a GPU with bf16, float32 elsewhere)
     inference_dtype: str = "auto"    # rollouts and evaluations generate in it (auto: bfloat16 on AMX/AVX512-BF16 CPUs)
     gradient_checkpointing: bool = False
     deepspeed: str | None = None     # a DeepSpeed JSON config (multi-GPU); launched through accelerate
+    report_to: list[str] = field(default_factory=list)  # TRL trainers' trackers: tensorboard, wandb (offline);
+                                     # event files go to <run>/<stage>/runs; the jsonl logs are kept either way
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    retrieval: RetrievalSource = field(default_factory=RetrievalSource)
+    data: DataSpec = field(default_factory=DataSpec)
     agent: AgentSpec = field(default_factory=AgentSpec)
     mixing: MixingConfig = field(default_factory=MixingConfig)
     rewards: RewardConfig = field(default_factory=RewardConfig)
@@ -136,6 +223,15 @@ class TrainConfig:
     def __post_init__(self):
         if not isinstance(self.bf16, bool) and self.bf16 != "auto":
             raise ValueError(f"bf16 must be true, false or \"auto\", got {self.bf16!r}")
+        if isinstance(self.report_to, str):  # --set report_to=tensorboard
+            self.report_to = [] if self.report_to in ("", "none") else [t for t in self.report_to.split(",") if t]
+        unknown = sorted(set(self.report_to) - set(TRACKERS))
+        if unknown:
+            raise ValueError(f"report_to: unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+        if self.model_dtype not in MODEL_DTYPES:
+            raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

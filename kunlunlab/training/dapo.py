@@ -52,11 +52,15 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
-from kunlunlab.agent.backends import SamplingConfig, TransformersBackend, chat_prompt_ids
+import httpx
+
+from kunlunlab.agent.backends import OpenAIBackend, SamplingConfig, TransformersBackend, chat_prompt_ids
+from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.training.config import DAPOStageConfig
+from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
                                         score)
 
@@ -70,13 +74,17 @@ class SearchRollout:
     def __init__(self, search, tokenizer, answers: dict[str, list[str]], rollout: RolloutConfig,
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
                  system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
-                 supporting: dict[str, list[str]] | None = None, inference_dtype: str = "auto"):
+                 supporting: dict[str, list[str]] | None = None, inference_dtype: str = "auto",
+                 routes: dict[str, object] | None = None):
         """``answers``: every training question with its gold answers (the refill pool of dynamic sampling);
         ``rdra`` (an :class:`~kunlunlab.agent.rdra.RDRAConfig`) and ``stie`` (a
         :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out.
         ``supporting``: each question's gold passage ids, for the search-budget reward (``rewards.w_budget``).
         ``inference_dtype``: the dtype rollouts generate in (``auto``: bfloat16 on CPUs with native bf16); the
-        loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server."""
+        loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server.
+        ``routes``: question → the search its rollouts use instead of ``search`` (real RL prompts search their
+        corpus's service while the world's questions search the world's index); each search's questions are
+        rolled out as one batch."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
@@ -85,23 +93,24 @@ class SearchRollout:
         self.system_prompt, self.prefix = system_prompt, assistant_prefix
         self.rdra, self.stie = rdra, stie
         self.log_path = Path(log_path) if log_path else None
+        self.routes = routes or {}
         self.calls = 0
         self.history: list[dict] = []
         self._remote = None
 
     def _backend(self, trainer, model):
         """The policy itself on this process; with ``use_vllm`` (server mode) TRL's vLLM server, which
-        speaks ``/v1/completions`` and gets the new weights from TRL before every rollout call."""
+        speaks ``/v1/completions`` and gets the new weights from TRL (main process) before every rollout call.
+        Every process talks to the server itself, at the address of the trainer's arguments: TRL creates its
+        ``vllm_client`` on the main process only, so reading it failed on every other rank."""
         if not getattr(trainer, "use_vllm", False):
             return TransformersBackend(model=model, tokenizer=self.tokenizer, dtype=self.inference_dtype)
         if trainer.args.vllm_mode != "server":
             raise ValueError("SearchRollout drives multi-turn rollouts through a vLLM server: set dapo.vllm_mode "
                              "to 'server' and start `trl vllm-serve --model <model>`")
         if self._remote is None:
-            from kunlunlab.agent.backends import OpenAIBackend
-
-            client = trainer.vllm_generation.vllm_client
-            self._remote = OpenAIBackend(client.base_url, getattr(client, "model", None) or model.name_or_path,
+            url = vllm_server_url(trainer.args)
+            self._remote = OpenAIBackend(url, served_model_name(url) or model.name_or_path,
                                          tokenizer_name=model.name_or_path)
         return self._remote
 
@@ -109,8 +118,19 @@ class SearchRollout:
         return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
     def _roll(self, backend, questions: list[str], seed: int) -> list[Trajectory]:
-        """One batched rollout of the agent as evaluated; each trajectory gets ``final_answer`` (STIE's
-        accepted answer when STIE runs, else the last answer round's)."""
+        """One batched rollout of the agent as evaluated, one batch per search (``routes``); each trajectory
+        gets ``final_answer`` (STIE's accepted answer when STIE runs, else the last answer round's)."""
+        by_search: dict[int, tuple[object, list[int]]] = {}
+        for i, q in enumerate(questions):
+            search = self.routes.get(q, self.search)
+            by_search.setdefault(id(search), (search, []))[1].append(i)
+        out: list[Trajectory | None] = [None] * len(questions)
+        for search, indices in by_search.values():
+            for i, t in zip(indices, self._roll_with(search, backend, [questions[i] for i in indices], seed)):
+                out[i] = t
+        return out
+
+    def _roll_with(self, search, backend, questions: list[str], seed: int) -> list[Trajectory]:
         from kunlunlab.agent.rdra import rdra_contexts
         from kunlunlab.agent.stie import STIEController
 
@@ -119,14 +139,13 @@ class SearchRollout:
         backgrounds: dict[str, str | None] = {q: None for q in questions}
         if self.rdra is not None:
             unique = list(backgrounds)
-            for q, c in zip(unique, rdra_contexts(backend, self.search, unique, self.rdra)):
+            for q, c in zip(unique, rdra_contexts(backend, search, unique, self.rdra)):
                 backgrounds[q] = c.background
                 self._rdra[q] = c
         prompts = [chat_prompt_ids(self.tokenizer, build_messages(q, backgrounds[q], self.system_prompt), self.prefix)
                    for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
-        trajs = RolloutEngine(backend, self.search, cfg).run(prompts, questions, controller,
-                                                             [self.prefix] * len(questions))
+        trajs = RolloutEngine(backend, search, cfg).run(prompts, questions, controller, [self.prefix] * len(questions))
         for i, t in enumerate(trajs):
             t.final_answer = (controller.final_answer(i) if controller else None) or t.answer
         return trajs
@@ -208,7 +227,7 @@ class SearchRollout:
         flat_before = len(self._flat(groups, signals))
         refilled = tried = 0
         if self.dapo.dynamic_sampling:
-            others = _gather(questions, processes) if processes > 1 else []  # every process's questions
+            others = gather_across(questions, processes) if processes > 1 else []  # every process's questions
             refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(others),
                                            (rank, processes))
         flat = [groups[g] for g in self._flat(groups, signals)]
@@ -227,7 +246,7 @@ class SearchRollout:
         if self.dapo.dynamic_sampling and processes > 1:
             # "unless every group is flat" is about the whole batch, which TRL gathers from every process
             # (the loss is normalised by the tokens of all of them): decided on the global counts
-            counts = _gather([(n_flat, n_groups)], processes)
+            counts = gather_across([(n_flat, n_groups)], processes)
             n_flat, n_groups = sum(c[0] for c in counts), sum(c[1] for c in counts)
         if self.dapo.dynamic_sampling and flat and n_flat < n_groups:
             filtered = {i for g in flat for i in g}
@@ -260,7 +279,7 @@ class SearchRollout:
         if processes > 1:
             # Under accelerate every process rolls out its own groups; one record of the whole step is
             # written by the main process (both appending to one file interleaved two partial records)
-            stats = _merge_stats(_gather([stats], processes))
+            stats = _merge_stats(gather_across([stats], processes))
         self.history.append(stats)
         if self.log_path is not None and rank == 0:
             with self.log_path.open("a") as f:
@@ -273,13 +292,33 @@ class SearchRollout:
                 "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets}
 
 
+def vllm_server_url(args) -> str:
+    """The generation server's base URL from TRL's arguments (``vllm_server_base_url``, else host and port), as
+    TRL's own client builds it."""
+    if getattr(args, "vllm_server_base_url", None):
+        return args.vllm_server_base_url.rstrip("/")
+    return f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def served_model_name(url: str, timeout: float = 30.0) -> str | None:
+    """The model id the server serves (``GET /v1/models``), which its ``/v1/completions`` expects; None when the
+    server lists none. A server that does not answer is an error naming it."""
+    try:
+        response = httpx.get(f"{url}/v1/models", timeout=timeout)
+        response.raise_for_status()
+        models = response.json().get("data") or []
+    except (httpx.HTTPError, ValueError) as err:
+        raise GenerationServiceError(f"generation server {url} did not list its model (GET /v1/models): {err}") from err
+    return models[0].get("id") if models else None
+
+
 def _processes(trainer) -> tuple[int, int]:
     """(process index, number of processes) of the trainer's accelerator; (0, 1) for a plain object."""
     accelerator = getattr(trainer, "accelerator", None)
     return getattr(accelerator, "process_index", 0), getattr(accelerator, "num_processes", 1)
 
 
-def _gather(values: list, processes: int) -> list:
+def gather_across(values: list, processes: int) -> list:
     """Every process's ``values``, concatenated in process order (a collective: all processes call it)."""
     if processes <= 1:
         return list(values)
@@ -321,20 +360,25 @@ def _mean_or_none(values: list[float | None]) -> float | None:
 
 def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, seed: int, bf16: bool = False,
               deepspeed: str | None = None, gradient_checkpointing: bool = False,
-              reward_weights: list[float] | None = None):
+              reward_weights: list[float] | None = None, report_to: list[str] | None = None,
+              world_size: int | None = None):
+    """TRL's arguments for the DAPO stage, the batch laid out by :func:`kunlunlab.training.geometry.batch_plan`
+    (``world_size``: training processes, default this launch's); event files of ``report_to`` go to
+    ``output_dir/runs``."""
+    import torch
     from trl import GRPOConfig
 
-    import torch
-
+    plan = batch_plan(cfg, world_size or world_size_from_env())
     return GRPOConfig(
         output_dir=str(output_dir), loss_type="dapo", epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         beta=cfg.beta, num_generations=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations, gradient_accumulation_steps=1,
+        **plan.trl_args(),
         learning_rate=cfg.learning_rate, max_steps=cfg.steps, max_completion_length=cfg.max_total_tokens + 1,
         reward_weights=reward_weights or rewards.weights, scale_rewards="group", mask_truncated_completions=False,
         logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
-        report_to=[], seed=seed, bf16=bf16, deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
-        use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, disable_tqdm=True, dataloader_num_workers=0,
+        report_to=list(report_to or []), seed=seed, bf16=bf16,
+        deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
+        use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_url, disable_tqdm=True, dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(), lr_scheduler_type="constant",
     )
 
@@ -347,8 +391,9 @@ def rl_dataset(questions: Sequence[str], answers: Sequence[list[str]]):
 
 def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOStageConfig, rewards: RewardConfig,
              output_dir: Path, seed: int = 0, callbacks: list | None = None, reward_funcs: list | None = None,
-             **arg_overrides):
-    """Trains in place, resuming from the last checkpoint in ``output_dir``; returns the trainer."""
+             peft_config=None, **arg_overrides):
+    """Trains in place (with ``peft_config``, a LoRA adapter on ``model``), resuming from the last checkpoint in
+    ``output_dir``; returns the trainer."""
     import os
 
     from transformers.trainer_utils import get_last_checkpoint
@@ -364,7 +409,8 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
                           args=grpo_args(cfg, rewards, output_dir, seed, reward_weights=None if reward_funcs is None
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,
-                          processing_class=tokenizer, rollout_func=rollout_func, callbacks=callbacks)
+                          processing_class=tokenizer, rollout_func=rollout_func, callbacks=callbacks,
+                          peft_config=peft_config)
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming DAPO from %s", last)

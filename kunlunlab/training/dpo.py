@@ -105,7 +105,7 @@ def __getattr__(name):  # PretokenizedDPOTrainer without importing TRL at module
 
 
 def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = False, deepspeed: str | None = None,
-             gradient_checkpointing: bool = False):
+             gradient_checkpointing: bool = False, report_to: list[str] | None = None):
     import torch
     from trl import DPOConfig
 
@@ -114,30 +114,33 @@ def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = 
         per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
         max_steps=cfg.steps, num_train_epochs=cfg.epochs, max_length=cfg.max_length, lr_scheduler_type="constant",
         precompute_ref_log_probs=cfg.precompute_ref_log_probs, logging_steps=cfg.logging_steps,
-        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=seed, bf16=bf16,
+        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed, bf16=bf16,
         deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing, disable_tqdm=True,
         dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
     )
 
 
 def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path, seed: int = 0,
-            callbacks: list | None = None, ref_model=None, **arg_overrides):
+            callbacks: list | None = None, ref_model=None, peft_config=None, **arg_overrides):
     """Trains ``model`` in place on ``pairs`` (PreferencePair objects, ``preferences.jsonl`` dicts, or a ready
     :func:`dpo_dataset`), resuming from the last checkpoint in ``output_dir``; returns the trainer.
     ``ref_model``: the frozen reference (default: a copy of ``model`` as handed in; none with
-    ``cfg.precompute_ref_log_probs``). ``arg_overrides``: ``bf16``, ``deepspeed``, ``gradient_checkpointing``."""
+    ``cfg.precompute_ref_log_probs``; with ``peft_config`` TRL trains a LoRA adapter and the reference is the model
+    with the adapter switched off, no copy). ``arg_overrides``: ``bf16``, ``deepspeed``, ``gradient_checkpointing``,
+    ``report_to``."""
     from datasets import Dataset
     from transformers.trainer_utils import get_last_checkpoint
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset = pairs if isinstance(pairs, Dataset) else dpo_dataset(pairs, cfg.max_length)
-    if ref_model is None and not cfg.precompute_ref_log_probs:
+    if ref_model is None and not cfg.precompute_ref_log_probs and peft_config is None:
         ref_model = copy.deepcopy(model)
         ref_model.requires_grad_(False)
         ref_model.eval()
     trainer = _trainer_class()(model=model, ref_model=ref_model, args=dpo_args(cfg, output_dir, seed, **arg_overrides),
-                               train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+                               train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
+                               peft_config=peft_config)
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming DPO from %s", last)

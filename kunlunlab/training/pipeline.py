@@ -14,16 +14,19 @@ the agent settings it was trained with, which ``kunlunlab eval --model <folder>`
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
-from kunlunlab.models import resolve_train_bf16
+from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.training.config import TrainConfig
+from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,9 @@ class TrainingData:
     hotpot_passages: list
     twowiki_train: list = field(default_factory=list)     # 2Wiki dev questions with a silver chain (see cfg.twowiki)
     twowiki_passages: list = field(default_factory=list)  # the 2Wiki paragraph corpus
+    rl_train: list = field(default_factory=list)          # data.rl_prompts questions for DAPO (and SFT, sft_share)
+    rl_heldout: list = field(default_factory=list)        # its first data.rl_heldout questions, evaluated only
+    rl_passages: list = field(default_factory=list)       # the paragraphs rl_prompts examples carry (HotpotQA layout)
 
 
 def world_questions(cfg: TrainConfig) -> tuple[object, list, list]:
@@ -108,8 +114,42 @@ def load_training_data(cfg: TrainConfig) -> TrainingData:
         twowiki_train = link_evidence(load_benchmark("2wikimultihopqa")[cfg.twowiki_heldout:], twowiki_passages)
     elif cfg.twowiki:
         log.warning("2Wiki data not found (KUNLUNLAB_DATA or ../shared/data): no 2Wiki trajectories")
+    rl_train, rl_heldout, rl_passages = real_rl_prompts(cfg)
     return TrainingData(world, world.passages, train, heldout, hotpot_train, hotpot_heldout, hotpot_passages,
-                        twowiki_train, twowiki_passages)
+                        twowiki_train, twowiki_passages, rl_train, rl_heldout, rl_passages)
+
+
+def real_rl_prompts(cfg: TrainConfig) -> tuple[list, list, list]:
+    """(training questions, held-out questions, their own paragraphs) of ``data.rl_prompts``: the first
+    ``data.rl_heldout`` questions are held out, the rest train; paragraphs only where the layout carries them."""
+    from kunlunlab.data.loaders import corpus_from_examples
+    from kunlunlab.training.mixing import load_rl_prompts
+
+    spec = cfg.data
+    if not spec.rl_prompts:
+        return [], [], []
+    examples = [ex for ex in load_rl_prompts(spec.rl_prompts, limit=spec.rl_prompts_limit) if ex.answers]
+    if len(examples) <= spec.rl_heldout:
+        raise ValueError(f"data.rl_prompts {spec.rl_prompts}: {len(examples)} questions with answers, not more than "
+                         f"data.rl_heldout={spec.rl_heldout} held out: nothing is left to train on")
+    with_context = [ex for ex in examples if ex.context]
+    return (examples[spec.rl_heldout:], examples[:spec.rl_heldout],
+            corpus_from_examples(with_context) if with_context else [])
+
+
+def rl_prompt_pool(cfg: TrainConfig, data: TrainingData) -> list:
+    """DAPO's prompt pool: the world's training questions and ``data.rl_prompts``' at ``rl_prompts_share`` of
+    the pool (TRL's sampler draws uniformly from it, so that is each batch's expected share); 1.0: the real
+    questions alone, 0.0 or no file: the world's alone."""
+    share, real, world = cfg.data.rl_prompts_share, list(data.rl_train), list(data.train)
+    if not real or share == 0.0:
+        return world
+    if share == 1.0:
+        return real
+    n_real = min(len(real), round(share / (1.0 - share) * len(world)))
+    if n_real < len(real):
+        return world + real[:n_real]
+    return world[:round(len(real) * (1.0 - share) / share)] + real
 
 
 def _format_compliance(records: list[dict]) -> float | None:
@@ -122,21 +162,44 @@ def _format_compliance(records: list[dict]) -> float | None:
     return round(sum(format_compliant(parse_completion(t)) for t in texts) / len(texts), 4)
 
 
-def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path) -> dict:
-    """EM / F1 / format compliance of the current model with the evaluation pipeline."""
+def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path,
+                   share: tuple[int, int] = (0, 1), retrieval=None) -> dict:
+    """EM / F1 / format compliance of the current model with the evaluation pipeline, on the model's own device.
+    ``share``: (process index, processes) under ``accelerate launch``: every process evaluates every
+    ``processes``-th question and the records are gathered (a collective: every process calls it), so a GPU
+    run's evaluation is spread over the GPUs instead of running on one while the others wait. The main process
+    writes ``out`` (records in question order); every process returns the same summary. ``retrieval`` (a
+    configured :class:`~kunlunlab.training.config.RetrievalSource`): the searches go to its service or saved
+    index instead of an index over ``passages``."""
     from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
+    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate, summarize
+    from kunlunlab.training.dapo import gather_across
 
     if not examples:
         return {}
+    rank, processes = share
     model.eval()
     backend = TransformersBackend(model=model, tokenizer=tokenizer, dtype=cfg.inference_dtype)
     backend.name = cfg.model or "smollm2-135m-instruct"
-    ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(examples), judge=None, index_kind=cfg.index_kind,
+    shard = examples[rank::processes]
+    remote = retrieval is not None and retrieval.configured
+    ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(shard), judge=None, index_kind=cfg.index_kind,
                                          embedder=cfg.embedder, batch_size=cfg.eval.batch_size, seed=cfg.world_seed,
-                                         stie=cfg.agent.stie), agent_settings(cfg))
-    summary = evaluate(ec, out, backend=backend, examples=examples, passages=passages)
-    records = [json.loads(line) for line in Path(out).read_text().splitlines()]
+                                         stie=cfg.agent.stie, retriever_url=retrieval.url if remote else None,
+                                         index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
+    passages = None if remote else passages
+    out = Path(out)
+    shard_out = out if processes == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+    summary = evaluate(ec, shard_out, backend=backend, examples=shard, passages=passages, progress=rank == 0)
+    records = [json.loads(line) for line in shard_out.read_text().splitlines()]
+    if processes > 1:
+        parts = gather_across([(records, summary["wall_seconds"])], processes)
+        order = {ex.id: i for i, ex in enumerate(examples)}
+        records = sorted((r for part, _ in parts for r in part), key=lambda r: order[r["id"]])
+        shard_out.unlink()
+        if rank == 0:
+            _write_log(out, records)
+        summary = {**summarize(records), "wall_seconds": max(seconds for _, seconds in parts)}
     return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
             "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
             "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
@@ -181,10 +244,12 @@ def training_mixing(cfg: TrainConfig):
     return replace(cfg.mixing, top_k=cfg.top_k, max_result_chars=cfg.max_result_chars, seed=cfg.seed)
 
 
-def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None) -> list:
+def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real_search=None) -> list:
     """The mixed SFT trajectories of a training config (eqs. 14–16) with real retrieval: the world's gold
     chains and the HotpotQA training half, with RDRA backgrounds, plan samples and STIE feedback rounds as
-    ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this."""
+    ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this.
+    ``real_search``: the search of the configured retrieval service or saved index (``cfg.retrieval``), used
+    for every real source instead of an index built here over its corpus."""
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
     from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, mix
 
@@ -193,13 +258,33 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None) -> l
     retriever = retriever or build_retriever(data.passages, index)
     builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra)
     sources = []
+    rl_name = Path(cfg.data.rl_prompts).stem if cfg.data.rl_prompts else "rl_prompts"
+    rl_sft = [ex for ex in data.rl_train if ex.supporting_titles and ex.context]  # a gold chain to walk
     for name, questions, passages, share in (("hotpotqa", data.hotpot_train, data.hotpot_passages, mixing.hotpot_share),
                                              ("2wikimultihopqa", data.twowiki_train, data.twowiki_passages,
-                                              mixing.twowiki_share)):
-        if questions and share > 0:  # each real source is searched in its own corpus
-            search = build_retriever(passages, index).search
+                                              mixing.twowiki_share),
+                                             (rl_name, rl_sft, data.rl_passages, cfg.data.sft_share)):
+        if questions and share > 0:  # each real source is searched in its own corpus, or through the service
+            search = real_search or build_retriever(passages, index).search
             sources.append(RealSource(name, TrajectoryBuilder(search, passages, mixing, cfg.agent.rdra), questions, share))
     return mix(builder, data.train, mixing, sources)
+
+
+def training_plan(cfg: TrainConfig, world_size: int | None = None, check_hardware: bool = True) -> BatchPlan:
+    """The run's resolved batch geometry, device and dtype (:mod:`kunlunlab.training.geometry`), computed without
+    loading anything: what ``kunlunlab train --dry-run`` prints. ``world_size``: training processes (default: this
+    launch's ``WORLD_SIZE``). ``check_hardware=False`` plans for hardware this machine lacks (``device: cuda`` in
+    a recipe, read on a laptop): the device is then reported as configured."""
+    if check_hardware or cfg.device in ("auto", "cpu"):
+        device = resolve_device(cfg.device)
+    else:
+        device = cfg.device
+    dtype = cfg.model_dtype
+    if dtype == "auto":
+        dtype = resolve_model_dtype(dtype, device) if check_hardware or not device.startswith("cuda") else "bfloat16"
+    return batch_plan(cfg.dapo, world_size or world_size_from_env(), model_dtype=dtype, device=device,
+                      lora=cfg.lora.enabled, gradient_checkpointing=cfg.gradient_checkpointing,
+                      deepspeed=cfg.deepspeed)
 
 
 class RunFolderConflict(ValueError):
@@ -243,10 +328,11 @@ class TrainingRun:
                  sft_callbacks: list | None = None, dapo_callbacks: list | None = None):
         import torch
 
-        from kunlunlab.models import load_llm
         from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.plan = training_plan(cfg)  # an inconsistent batch geometry stops here, before anything loads
+        self.device = self.plan.device
         self.say = progress or (lambda msg: log.info(msg))
         self.sft_callbacks, self.dapo_callbacks = sft_callbacks, dapo_callbacks
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -264,7 +350,8 @@ class TrainingRun:
                  f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out"
                  + (f", {len(self.data.twowiki_train)} 2Wiki questions with silver chains" if cfg.twowiki else ""))
         self.retriever = build_retriever(self.data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
-        self.model, self.tok = load_llm(cfg.model)
+        self.real_retriever = real_retriever(cfg)  # cfg.retrieval's service or saved index, else None
+        self.model, self.tok = load_llm(cfg.model, dtype=self.plan.model_dtype, device=self.device)
         self.evaluations: dict[str, dict] = {}
         self.trajectories: list | None = None
         self.stats_rows: list[dict] = []
@@ -275,19 +362,24 @@ class TrainingRun:
     def evaluate(self, tag: str) -> dict:
         """EM / F1 / format compliance of the current model on the held-out world and HotpotQA questions."""
         cached = self.state.get(f"eval_{tag}")
-        if cached or not self.main_process:  # under accelerate, only the main process evaluates
-            self.evaluations[tag] = cached or {}
-            return self.evaluations[tag]
+        if cached:
+            self.evaluations[tag] = cached
+            return cached
         t0 = time.perf_counter()
         data, out = self.data, self.run_dir
+        share = _process_share()  # under accelerate every process evaluates its share of the questions
         result = {"world": evaluate_model(self.model, self.tok, self.cfg, data.heldout, data.passages, "world",
-                                          out / f"eval_{tag}_world.jsonl")}
+                                          out / f"eval_{tag}_world.jsonl", share)}
         if data.hotpot_heldout:
             result["hotpotqa_distractor"] = evaluate_model(self.model, self.tok, self.cfg, data.hotpot_heldout,
                                                            data.hotpot_passages, "hotpotqa_distractor",
-                                                           out / f"eval_{tag}_hotpot.jsonl")
+                                                           out / f"eval_{tag}_hotpot.jsonl", share, self.cfg.retrieval)
+        if data.rl_heldout and (self.cfg.retrieval.configured or data.rl_passages):  # else there is no corpus
+            result["rl_heldout"] = evaluate_model(self.model, self.tok, self.cfg, data.rl_heldout, data.rl_passages or None,
+                                                  "rl_heldout", out / f"eval_{tag}_rl.jsonl", share, self.cfg.retrieval)
         result["seconds"] = round(time.perf_counter() - t0, 1)
         self.state.set(f"eval_{tag}", result)
+        log_scalars(self.cfg.report_to, self.run_dir / "runs" / "eval", f"eval_{tag}", result)
         w = result["world"]
         self.say(f"eval {tag}: world EM {w['em']} F1 {w['f1']} format {w['format_compliance']}")
         self.evaluations[tag] = result
@@ -297,7 +389,8 @@ class TrainingRun:
         """The SFT trajectories, mixed by the schedule of eqs. 14–16 (``trajectories.jsonl``, ``schedule.json``)."""
         from kunlunlab.training.mixing import data_stats, schedule
 
-        self.trajectories = mix_training_data(self.cfg, self.data, self.retriever)
+        self.trajectories = mix_training_data(self.cfg, self.data, self.retriever,
+                                              self.real_retriever.search if self.real_retriever else None)
         if self.main_process:  # every process mixes the same data; one writes it (two truncated each other's)
             with (self.run_dir / "trajectories.jsonl").open("w") as f:
                 for t in self.trajectories:
@@ -308,14 +401,54 @@ class TrainingRun:
         return self.trajectories
 
     def _freeze(self) -> int:
+        """Full-parameter training freezes as ``sft.train_layers`` says; with LoRA peft freezes the base weights
+        and trains the adapters only."""
         from kunlunlab.training.sft import freeze_for_sft
 
         self._frozen = True
+        if self.cfg.lora.enabled:
+            return 0
         return freeze_for_sft(self.model, self.cfg.sft.train_layers)
 
+    def _load(self, folder: Path):
+        return load_llm(str(folder), dtype=self.plan.model_dtype, device=self.device)
+
+    def _trainer_options(self) -> dict:
+        """What every stage's TRL trainer shares: precision, DeepSpeed, checkpointing, LoRA, trackers."""
+        cfg = self.cfg
+        return {"bf16": resolve_train_bf16(cfg.bf16, self.device), "deepspeed": cfg.deepspeed,
+                "gradient_checkpointing": cfg.gradient_checkpointing, "peft_config": cfg.lora.peft_config(),
+                "report_to": cfg.report_to}
+
+    def _release(self, trainer, trained, final: Path) -> None:
+        """Hands the trained weights to the next stage and lets go of the trainer's engine. With LoRA the adapter
+        is merged into the weights (the next stage trains a fresh one); under DeepSpeed the next stage starts
+        from the saved model: a second engine on the module the first one wrapped (its gradient hooks still on
+        the parameters) was what SFT → DAPO did before."""
+        trainer.accelerator.free_memory()
+        del trainer
+        gc.collect()
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()
+        if self.cfg.deepspeed:
+            self.model, self.tok = self._load(final)
+            self._frozen = False
+        else:
+            self.model = trained
+
     def _finish_stage(self, stage: str, trainer, final: Path, t0: float) -> None:
-        """The final model, the Trainer log, seconds and steps, and the stage marked done in state.json."""
-        trainer.save_model(str(final))  # the Trainer saves on the main process only
+        """The final model (with LoRA: the weights with the adapter merged), the Trainer log, seconds and steps,
+        and the stage marked done in state.json; then the trainer is released (:meth:`_release`)."""
+        trained = trainer.accelerator.unwrap_model(trainer.model)
+        if self.cfg.lora.enabled:  # the whole merged model, not the adapter alone, so eval reads it as any model
+            trained = trained.merge_and_unload()
+            if self.main_process:
+                trained.save_pretrained(str(final))
+        else:
+            trainer.save_model(str(final))  # the Trainer saves on the main process only
+        trainer.accelerator.wait_for_everyone()  # the model is whole on disk before any process reads it back
         if self.main_process:  # likewise the rest: under accelerate all processes wrote the same files at once
             self.tok.save_pretrained(str(final))
             (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(self.cfg), indent=2))
@@ -326,10 +459,10 @@ class TrainingRun:
         self.state.set("steps", self.steps)
         self.state.set(f"{stage}_done", True)
         self.say(f"{stage.upper()} done: {self.steps[stage]} steps in {self.timings[stage]} s")
+        self._release(trainer, trained, final)
 
     def sft(self) -> None:
         """Stage 1, format cold start: TRL ``SFTTrainer`` on the mixed trajectories (loss on model tokens only)."""
-        from kunlunlab.models import load_llm
         from kunlunlab.training.sft import run_sft, sft_dataset
 
         cfg = self.cfg
@@ -339,7 +472,7 @@ class TrainingRun:
             self.mix()
         final = self.run_dir / "sft" / "final"
         if self.state.get("sft_done"):
-            self.model, self.tok = load_llm(str(final))
+            self.model, self.tok = self._load(final)
             self._freeze()
             return
         trainable = self._freeze()
@@ -348,17 +481,14 @@ class TrainingRun:
         dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
         self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
         trainer = run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
-                          callbacks=self.sft_callbacks, bf16=resolve_train_bf16(cfg.bf16), deepspeed=cfg.deepspeed,
-                          gradient_checkpointing=cfg.gradient_checkpointing)
+                          callbacks=self.sft_callbacks, **self._trainer_options())
         self._finish_stage("sft", trainer, final, t0)
 
     def _resumed(self, stage: str) -> bool:
         """A stage after SFT that already finished: its final model is loaded and True returned. Otherwise the
         model is frozen as SFT froze it (when SFT did not run in this process) and False returned."""
-        from kunlunlab.models import load_llm
-
         if self.state.get(f"{stage}_done"):
-            self.model, self.tok = load_llm(str(self.run_dir / stage / "final"))
+            self.model, self.tok = self._load(self.run_dir / stage / "final")
             return True
         if not self._frozen:
             self._freeze()
@@ -408,12 +538,13 @@ class TrainingRun:
             raise RuntimeError(f"{NO_PAIRS} (every sibling scored the same); "
                                "raise prl.mcts.iterations / children_per_node or start from a trained model")
         self.model.train()
-        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed, bf16=resolve_train_bf16(cfg.bf16),
-                          deepspeed=cfg.deepspeed, gradient_checkpointing=cfg.gradient_checkpointing)
+        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed,
+                          **self._trainer_options())
         self._finish_stage("prl", trainer, final, t0)
 
     def dapo(self) -> None:
         """Stage 2: DAPO through TRL's ``GRPOTrainer``, rollouts by the agent (RDRA + STIE for ``kunlun``)."""
+        from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
         from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 
         cfg, data = self.cfg, self.data
@@ -422,15 +553,22 @@ class TrainingRun:
         final, t0 = self.run_dir / "dapo" / "final", time.perf_counter()
         self.model.train()
         whole = cfg.agent.whole
-        rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in data.train},
+        pool = rl_prompt_pool(cfg, data)
+        real = {q.question for q in data.rl_train} & {q.question for q in pool}
+        real_search = self.real_retriever.search if self.real_retriever else None
+        if real and real_search is None:  # the real prompts' own paragraphs, else the world's index (no evidence)
+            real_search = (build_retriever(data.rl_passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
+                           .search if data.rl_passages else None)
+        rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in pool},
                                 self._rollout_config(), cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
                                 rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None,
-                                supporting={q.question: list(q.supporting_ids) for q in data.train},
-                                inference_dtype=cfg.inference_dtype)
-        dataset = rl_dataset([q.question for q in data.train], [q.answers for q in data.train])
+                                supporting={q.question: list(q.supporting_ids) for q in pool},
+                                inference_dtype=cfg.inference_dtype,
+                                routes={q: real_search for q in real} if real_search else None)
+        dataset = rl_dataset([q.question for q in pool], [q.answers for q in pool])
         trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
-                           cfg.seed, callbacks=self.dapo_callbacks, bf16=resolve_train_bf16(cfg.bf16), deepspeed=cfg.deepspeed,
-                           gradient_checkpointing=cfg.gradient_checkpointing)
+                           cfg.seed, callbacks=self.dapo_callbacks, world_size=self.plan.world_size,
+                           **self._trainer_options())
         self._finish_stage("dapo", trainer, final, t0)
 
     def finish(self) -> dict:
@@ -477,6 +615,42 @@ def heldout_examples(cfg: TrainConfig, world_questions: int, hotpot_questions: i
 
     return load_training_data(replace(cfg, eval=replace(cfg.eval, world_questions=world_questions,
                                                         hotpot_questions=hotpot_questions)))
+
+
+def real_retriever(cfg: TrainConfig):
+    """The retrieval service or saved index of ``cfg.retrieval`` (checked now: a service that is down stops the
+    run here, after its retries, with one line naming it), or None when neither is configured."""
+    from kunlunlab.retrieval.factory import open_retriever
+
+    source = cfg.retrieval
+    if not source.configured:
+        return None
+    return open_retriever(source.url, source.index_dir, attempts=source.attempts, backoff=source.backoff,
+                          timeout=source.timeout)
+
+
+def _process_share() -> tuple[int, int]:
+    """(process index, processes) of this launch (``accelerate launch``/``torchrun`` set ``RANK``/``WORLD_SIZE``)."""
+    return int(os.environ.get("RANK", 0)), world_size_from_env()
+
+
+def log_scalars(report_to: list[str], log_dir: Path, prefix: str, result: dict) -> None:
+    """An evaluation's numbers as TensorBoard scalars beside the trainers' event files (``report_to`` names
+    tensorboard); the jsonl/JSON records stay the reference."""
+    if "tensorboard" not in report_to or not _is_main_process():
+        return
+    from torch.utils.tensorboard import SummaryWriter  # deferred: only runs that track with TensorBoard need it
+
+    writer = SummaryWriter(str(log_dir))
+    try:
+        for dataset, numbers in result.items():
+            if not isinstance(numbers, dict):
+                continue
+            for key in ("em", "f1", "acc", "format_compliance", "searches"):
+                if numbers.get(key) is not None:
+                    writer.add_scalar(f"{prefix}/{dataset}/{key}", numbers[key], 0)
+    finally:
+        writer.close()
 
 
 def _is_main_process() -> bool:
@@ -534,16 +708,18 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
         "trajectories_by_source": {src: sum(1 for r in stats_rows if r["source"] == src)
                                    for src in dict.fromkeys(r["source"] for r in stats_rows)},
     }
-    if "hotpotqa_distractor" in after:
-        hb, ha = before.get("hotpotqa_distractor", {}), after["hotpotqa_distractor"]
-        summary["hotpotqa_distractor"] = {
-            "n": ha["n"], "em_before": pct(hb.get("em")), "em_after": pct(ha["em"]), "f1_before": pct(hb.get("f1")),
-            "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb.get("format_compliance")),
-            "format_compliance_after": pct(ha["format_compliance"])}
+    for dataset in ("hotpotqa_distractor", "rl_heldout"):
+        if dataset in after:
+            hb, ha = before.get(dataset, {}), after[dataset]
+            summary[dataset] = {
+                "n": ha["n"], "em_before": pct(hb.get("em")), "em_after": pct(ha["em"]), "f1_before": pct(hb.get("f1")),
+                "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb.get("format_compliance")),
+                "format_compliance_after": pct(ha["format_compliance"])}
     return summary
 
 
-HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl"}
+HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl",
+                 "rl_heldout": "eval_after_rl.jsonl"}
 
 
 def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:

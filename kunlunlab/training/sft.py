@@ -61,7 +61,7 @@ def freeze_for_sft(model, train_layers: int | None) -> int:
 
 
 def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = False, deepspeed: str | None = None,
-             gradient_checkpointing: bool = False):
+             gradient_checkpointing: bool = False, report_to: list[str] | None = None):
     from trl import SFTConfig
 
     return SFTConfig(
@@ -69,7 +69,7 @@ def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = Fals
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
         lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
         completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,
-        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=[], seed=seed,
+        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed,
         bf16=bf16, deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
         disable_tqdm=True, use_cpu=not _has_accelerator(),
     )
@@ -82,8 +82,9 @@ def _has_accelerator() -> bool:
 
 
 def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, seed: int = 0,
-            callbacks: list | None = None, **arg_overrides):
-    """Trains in place; resumes from the last checkpoint in ``output_dir``. Returns the trainer."""
+            callbacks: list | None = None, peft_config=None, **arg_overrides):
+    """Trains in place (with ``peft_config``, a LoRA adapter on ``model``); resumes from the last checkpoint in
+    ``output_dir``. Returns the trainer."""
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
@@ -93,7 +94,7 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,
-                         processing_class=tokenizer, callbacks=callbacks)
+                         processing_class=tokenizer, callbacks=callbacks, peft_config=peft_config)
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming SFT from %s", last)

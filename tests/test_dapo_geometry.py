@@ -1,0 +1,98 @@
+"""DAPO through TRL with the geometry of :mod:`kunlunlab.training.geometry`: a rollout batch fed in micro-batches
+gives the whole batch's loss and gradients, and several updates per rollout batch move the importance ratio
+so that the clipping (clip-higher) binds, which one update per rollout batch never does.
+
+A tiny randomly initialised Llama (the embedded tokenizer's vocabulary) and a fixed rollout: the same prompts,
+completions and rewards for every geometry, so only the geometry differs."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+
+from kunlunlab.models import load_llm
+from kunlunlab.training.config import DAPOStageConfig
+from kunlunlab.training.dapo import rl_dataset, run_dapo
+from kunlunlab.training.rewards import RewardConfig
+
+QUESTIONS = [f"question {i}" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_llm()[1]
+
+
+def _tiny_model(tokenizer):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config)
+
+
+def fixed_rollout(prompts, trainer):
+    """Each question's k-th sample: a completion of 3 + 2k tokens (ids from the question's index), so the
+    rewards below differ inside every group and the batch has unequal lengths."""
+    seen, prompt_ids, completion_ids = {}, [], []
+    for p in prompts:
+        k = seen.get(p, 0)
+        seen[p] = k + 1
+        i = QUESTIONS.index(p)
+        prompt_ids.append([100 + i, 200 + i, 300])
+        completion_ids.append([400 + 7 * i + j for j in range(3 + 2 * k)])
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+            "logprobs": [[0.0] * len(c) for c in completion_ids]}
+
+
+def length_reward(prompts, completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]
+
+
+class KeepGradients(TrainerCallback):
+    """The summed gradients of every optimizer step, taken just before the optimizer uses them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def _train(tokenizer, tmp_path, name, **dapo):
+    model = _tiny_model(tokenizer)
+    cfg = DAPOStageConfig(**{"prompts_per_step": 2, "num_generations": 4, "dynamic_sampling": False,
+                             "save_steps": 100, "learning_rate": 1e-3, "steps": 1, **dapo})
+    grads = KeepGradients()
+    trainer = run_dapo(model, tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), fixed_rollout, cfg,
+                       RewardConfig(), tmp_path / name, seed=0, callbacks=[grads], reward_funcs=[length_reward],
+                       world_size=1)
+    return trainer, grads.steps
+
+
+def test_micro_batches_give_the_whole_batch_loss_and_gradients(tokenizer, tmp_path):
+    whole, whole_grads = _train(tokenizer, tmp_path, "whole")
+    micro, micro_grads = _train(tokenizer, tmp_path, "micro", micro_batch_size=2)
+    assert whole.args.per_device_train_batch_size == 8 and whole.args.gradient_accumulation_steps == 1
+    assert micro.args.per_device_train_batch_size == 2 and micro.args.gradient_accumulation_steps == 4
+    loss = [row["loss"] for row in whole.state.log_history if "loss" in row]
+    micro_loss = [row["loss"] for row in micro.state.log_history if "loss" in row]
+    assert len(loss) == len(micro_loss) == 1 and micro_loss[0] == pytest.approx(loss[0], rel=1e-4, abs=1e-6)
+    assert len(whole_grads) == len(micro_grads) == 1
+    norm = sum(g.pow(2).sum() for g in whole_grads[0].values()).sqrt()
+    assert norm > 0  # the rewards differ inside each group: there is a gradient to compare
+    for name, g in whole_grads[0].items():
+        torch.testing.assert_close(micro_grads[0][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _clip_ratios(trainer) -> list[float]:
+    return [row["clip_ratio/region_mean"] for row in trainer.state.log_history if "clip_ratio/region_mean" in row]
+
+
+def test_several_updates_per_rollout_batch_let_the_clip_bind(tokenizer, tmp_path):
+    # one update per rollout batch: the ratio is exactly 1 at every update and nothing is ever clipped
+    single, _ = _train(tokenizer, tmp_path, "single", steps=2, learning_rate=3e-2)
+    assert _clip_ratios(single) == [0.0, 0.0]
+    # two updates per rollout batch: the second update's ratio is against the policy that sampled the batch
+    double, _ = _train(tokenizer, tmp_path, "double", steps=2, updates_per_generation=2, learning_rate=3e-2)
+    assert double.args.steps_per_generation == 2
+    ratios = _clip_ratios(double)
+    assert len(ratios) == 2 and ratios[0] == 0.0 and ratios[1] > 0.0, ratios
