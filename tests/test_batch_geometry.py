@@ -87,3 +87,20 @@ def test_recipes_load_and_every_shipped_training_config_has_a_valid_geometry():
         cfg = load_config(path)
         world = 7 if cfg.dapo.use_vllm else 1
         batch_plan(cfg.dapo, world)  # raises on a shipped config that does not divide
+
+
+def test_a_device_this_machine_lacks_is_one_line_for_train_and_serve_llm():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    train = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "train", "--set", "device=cuda"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    serve = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "serve-llm", "--device", "cuda"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    for done, command in ((train, "train"), (serve, "serve-llm")):
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1] == (
+            f"kunlunlab {command}: device 'cuda' asked for, but torch sees no CUDA GPU (use device=auto or cpu)")
+    # a dry run plans for hardware this machine lacks: the recipe's device is reported as configured
+    assert json.loads(_dry_run("--set", "device=cuda").stdout.strip().splitlines()[-1])["device"] == "cuda"

