@@ -53,13 +53,14 @@ from IPython.display import HTML, display
 
 from kunlunlab.paths import notebook_run_dir
 from kunlunlab.training.pipeline import TrainingRun, run_config, training_logs
-from kunlunlab.viz import (before_after_figure, before_after_html, data_figure, render_trajectory, save_figure,
-                           sft_loss_figure, training_curves)
+from kunlunlab.training.config import TrainConfig
+from kunlunlab.viz import (before_after_figure, before_after_html, config_table_html, data_figure, render_trajectory,
+                           save_figure, sft_loss_figure, training_curves)
 
 cfg = run_config(config, {"device": device, **overrides}, smoke=smoke)
 run_dir = notebook_run_dir(run_dir, "04_training")
 print("run folder:", run_dir)
-print(json.dumps(cfg.to_dict(), indent=1)[:1500])
+display(HTML(config_table_html(cfg.to_dict(), TrainConfig().to_dict())))
 
 # %% [markdown]
 # ## Setting up the run

@@ -106,6 +106,25 @@ def reward_table_html(rows: Sequence[dict]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def config_table_html(config: dict, defaults: dict) -> str:
+    """A config as a compact table: the settings that differ from the dataclass defaults, one row each (dotted
+    key, value, default), and how many leave the default; the whole config stays in ``train_config.json``."""
+    import html
+
+    def leaves(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {prefix + k: v})
+        return out
+
+    have, base = leaves(config), leaves(defaults)
+    changed = [k for k in have if have[k] != base.get(k)]
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(repr(have[k]))}</td>"
+                   f"<td>{html.escape(repr(base.get(k)))}</td></tr>" for k in changed)
+    return (f"<table><tr><th>setting</th><th>this run</th><th>default</th></tr>{rows}</table>"
+            f"<p>{len(have) - len(changed)} more settings at their defaults (the whole config: train_config.json)</p>")
+
+
 def sft_loss_figure(sft_log: Sequence[dict]) -> go.Figure:
     """Stage 1's training loss per optimizer step (TRL's log history), shown right after the SFT cell."""
     rows = [r for r in sft_log if "loss" in r]
