@@ -123,8 +123,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_serve_llm(args: argparse.Namespace) -> int:
     from kunlunlab.agent.backends import TransformersBackend
     from kunlunlab.agent.server import serve
+    from kunlunlab.models import ModelNotAvailableError
 
-    serve(TransformersBackend(args.model, device=args.device, dtype=args.dtype), host=args.host, port=args.port)
+    try:  # a model that is not here, a device this machine lacks: one line
+        backend = TransformersBackend(args.model, device=args.device, dtype=args.dtype)
+    except (ModelNotAvailableError, ValueError) as err:
+        return _fail("serve-llm", err)
+    serve(backend, host=args.host, port=args.port)
     return 0
 
 
@@ -235,10 +240,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from kunlunlab.training.pipeline import RunFolderConflict, run_config, train, training_plan
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from kunlunlab.models import ModelNotAvailableError
+
     try:
         config = run_config(args.config, list(args.set or []), smoke=args.smoke)
         plan = training_plan(config, args.world_size, check_hardware=not args.dry_run)  # GeometryError: a ValueError
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ModelNotAvailableError) as err:  # also device=cuda without a GPU
         raise SystemExit(f"kunlunlab train: {err}")
     if args.dry_run:  # the resolved plan, nothing loaded
         print(plan.to_json())
@@ -246,7 +253,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(name=time.strftime("train-%Y%m%d-%H%M%S"))
     try:
         summary = train(config, run_dir, progress=lambda msg: print(msg, flush=True))
-    except (RunFolderConflict, RetrievalServiceError, IndexMismatchError, FileNotFoundError) as err:
+    except (RunFolderConflict, RetrievalServiceError, IndexMismatchError, FileNotFoundError,
+            ModelNotAvailableError) as err:
         raise SystemExit(f"kunlunlab train: {err}")  # a service down past its retries stops with one line
     print(json.dumps({**summary, "run_dir": str(run_dir)}))
     return 0
@@ -285,7 +293,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     try:
         data = read_config_file(args.config, "suite config") if args.config else {}
         data = apply_overrides(data, args.set)
-        for key in ("model", "train_config", "device"):
+        for key in ("model", "train_config", "device", "index_kind", "embedder"):  # a flag beats --config / --set
             if getattr(args, key) is not None:
                 data[key] = getattr(args, key)
         cfg = build_dataclass(SuiteConfig, data, "suite")
@@ -449,8 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search this saved index folder (kunlunlab build-index --out) without embedding its corpus; "
                         "with --corpus, the corpus must be the one it was built over")
     e.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
-                   help="retrieval index built here (default flat; not used with --retriever-url or --index)")
-    e.add_argument("--embedder", default=None)
+                   help="retrieval index built here, not used with --retriever-url or --index" + ckpt % "flat")
+    e.add_argument("--embedder", default=None, help="hub id or local path; with --retriever-url or --index the one "
+                   "they must be built with (then never the checkpoint's)" + ckpt % "the embedded all-MiniLM-L6-v2")
     e.add_argument("--batch-size", type=int, default=None, help="questions per generation batch (default 8)")
     e.add_argument("--top-k", type=int, default=None, help="passages per search" + ckpt % "3")
     e.add_argument("--max-searches", type=int, default=None, help="searches per question" + ckpt % "8")
@@ -516,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint's train_config.json, whose held-out split is evaluated")
     q.add_argument("--device", default=None, help="where the checkpoint generates: auto (default: CUDA when "
                    "present), cpu, cuda, cuda:N")
+    q.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
+                   help="the index built over each corpus" + ckpt % "flat")
+    q.add_argument("--embedder", default=None, help="hub id or local path" + ckpt % "the embedded all-MiniLM-L6-v2")
     q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/suite.py)")
     q.add_argument("--set", nargs="*", default=None,
                    help='SuiteConfig overrides, e.g. world_questions=100 \'baselines=["naive_rag"]\'')

@@ -79,8 +79,16 @@ def apply_overrides(data: dict, overrides: dict | list[str] | None) -> dict:
 
 def leaf_paths(values: dict, prefix: str = "") -> set[str]:
     """The dotted paths of a nested dict's values (``{"rollout": {"top_k": 1}}`` → ``{"rollout.top_k"}``)."""
-    paths = set()
+    return set(leaf_values(values, prefix))
+
+
+def leaf_values(values: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict's values by dotted path (``{"rollout": {"top_k": 1}}`` → ``{"rollout.top_k": 1}``)."""
+    out = {}
     for key, value in values.items():
         path = prefix + key
-        paths |= leaf_paths(value, path + ".") if isinstance(value, dict) and value else {path}
-    return paths
+        if isinstance(value, dict) and value:
+            out.update(leaf_values(value, path + "."))
+        else:
+            out[path] = value
+    return out

@@ -13,8 +13,10 @@ World questions are the held-out split of the training config the checkpoint was
 (:func:`kunlunlab.training.pipeline.heldout_examples`: none of them is a training question); HotpotQA
 distractor questions are the held-out part of the shared sample; the other benchmarks are read as they
 are (the first ``limit`` questions) and searched in their default corpus. Every method runs on the same
-loaded model, and the trained checkpoint's own agent settings (``kunlunlab_agent.json``) apply to every
-method, so budgets and top-k are equal across the table.
+loaded model, and the trained checkpoint's own agent configuration (``kunlunlab_agent.json``: budgets,
+top-k, RDRA, STIE, the index kind and embedder) applies to every method, so they are equal across the table
+and as trained; a :class:`SuiteConfig` value that is set wins over the checkpoint's
+(:func:`suite_eval_config`).
 """
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ class SuiteConfig:
     nlr_latency_ms: float = 150.0     # the network tier's added latency per request
     judge: str | None = None          # LJ judge model (None: LJ absent, never self-judged by default)
     judge_url: str | None = None
-    index_kind: str = "flat"
+    index_kind: str | None = None     # None: the checkpoint's (kunlunlab_agent.json), else EvalConfig's (flat)
+    embedder: str | None = None       # None: the checkpoint's, else the embedded all-MiniLM-L6-v2 (which
+                                      # "all-MiniLM-L6-v2" names explicitly, over a checkpoint's other one)
     device: str = "auto"              # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
     batch_size: int = 20              # questions per generation batch: 20 world questions in one batch took
                                       # 57.9 s against 83.2 s in two of 10 (2-core CPU, 2026-11-25)
@@ -120,21 +124,30 @@ def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:
     return out
 
 
+def suite_eval_config(cfg: SuiteConfig):
+    """The EvalConfig every row of the suite starts from: the suite's own values, then the checkpoint's agent
+    configuration (``kunlunlab_agent.json``) for every field the suite leaves unset (``index_kind`` and
+    ``embedder`` None), then EvalConfig's defaults."""
+    from kunlunlab.eval.harness import EvalConfig
+
+    given = {"method": cfg.method, "judge": cfg.judge, "judge_url": cfg.judge_url, "batch_size": cfg.batch_size,
+             "seed": cfg.seed}
+    given.update((k, getattr(cfg, k)) for k in ("index_kind", "embedder") if getattr(cfg, k) is not None)
+    return EvalConfig.for_checkpoint(cfg.model, **given) if cfg.model else EvalConfig(**given)
+
+
 def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
               progress: Callable[[str], None] = print) -> SuiteResult:
     """Evaluates every method on every dataset and the ablations; records go to ``out_dir`` as
     ``<dataset>.<method>.jsonl`` and are returned."""
     from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import EvalConfig, evaluate, make_judge_backend, resolve_corpus
+    from kunlunlab.eval.harness import evaluate, make_judge_backend, resolve_corpus
 
     start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = backend or TransformersBackend(cfg.model, device=cfg.device)
-    base = EvalConfig.for_checkpoint(cfg.model, method=cfg.method, judge=cfg.judge, judge_url=cfg.judge_url,
-                                     index_kind=cfg.index_kind, batch_size=cfg.batch_size, seed=cfg.seed) \
-        if cfg.model else EvalConfig(method=cfg.method, judge=cfg.judge, judge_url=cfg.judge_url,
-                                     index_kind=cfg.index_kind, batch_size=cfg.batch_size, seed=cfg.seed)
+    base = suite_eval_config(cfg)
     judge_backend = make_judge_backend(base, backend)
     result = SuiteResult()
 
@@ -184,7 +197,7 @@ def _nlr_rows(cfg: SuiteConfig, base, passages, examples, out_dir: Path, variant
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
     router_cfg = RouterTrainConfig(world_passages=train_cfg.world_passages, seed=train_cfg.world_seed,
-                                   index_kind=cfg.index_kind, embedder=base.embedder, top_k=base.rollout.top_k,
+                                   index_kind=base.index_kind, embedder=base.embedder, top_k=base.rollout.top_k,
                                    added_latency_ms=cfg.nlr_latency_ms)
     t0 = time.perf_counter()
     _, training = train_router(router_cfg, out_dir / "router.pt", local_corpus_out=out_dir / "local_half.jsonl")
@@ -194,7 +207,7 @@ def _nlr_rows(cfg: SuiteConfig, base, passages, examples, out_dir: Path, variant
     by_id = {p.id: p for p in passages}
     local = [by_id.get(p.id, p) for p in local]  # keep titles for retrieval recall
     variants["local ½, no NLR"] = run("world", "local ½, no NLR", examples, local)
-    with network_tier(passages, cfg.nlr_latency_ms, embedder=base.embedder, kind=cfg.index_kind) as url:
+    with network_tier(passages, cfg.nlr_latency_ms, embedder=base.embedder, kind=base.index_kind) as url:
         variants["+NLR"] = run("world", "+NLR", examples, local, network_url=url, router=str(out_dir / "router.pt"))
     return {"training": {k: training[k] for k in ("heldout", "train", "local_passages", "network_passages",
                                                   "added_latency_ms", "network_errors", "seconds")},

@@ -49,15 +49,16 @@ from IPython.display import HTML, display
 from kunlunlab.models import load_llm
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
 from kunlunlab.training.mixing import data_stats, load_rl_prompts, schedule
-from kunlunlab.training.pipeline import load_training_data, mix_training_data, run_config, training_mixing
+from kunlunlab.training.pipeline import load_training_data, mix_training_data, run_config
 from kunlunlab.viz import data_figure, save_figure, schedule_figure
 from kunlunlab.viz.data_views import (epoch_table_html, example_trajectories, mask_legend_html, mixed_trajectory_html,
                                       mixing_summary, schedule_table_html)
 
 train_cfg = run_config(config, overrides, smoke=smoke)
-cfg = training_mixing(train_cfg)   # the MixingConfig of the run (retrieval sizes and seed set by the run)
+cfg = train_cfg.mixing   # the MixingConfig of the run; result blocks use the run's own top_k / max_result_chars
 run_dir = notebook_run_dir(run_dir, "02_data_mixing")
 print(cfg)
+print({k: getattr(train_cfg, k) for k in ("top_k", "max_result_chars", "seed")})
 metrics = {}
 
 # %% [markdown]

@@ -46,7 +46,7 @@ train_config = "experiments/configs/training/train_embedded_cpu.json"  # its hel
 n_questions = 24          # held-out synthetic-world questions whose rounds the model generates
 rounds = 5                # answer rounds generated per question (STIEConfig().max_rounds: K = 3 blocking can act)
 batch_size = 24           # questions per generation batch (one batch: 3 batches of 8 took longer on 2 cores)
-index_kind = None         # retrieval index; None: the training config's (as the model was trained)
+index_kind = None         # retrieval index; None: the checkpoint's, else the training config's
 simulated_questions = 200 # size of the labelled loop simulation
 seed = 0
 device = "auto"           # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
@@ -66,7 +66,7 @@ from kunlunlab.agent.stie_tuning import (COLLECT_ALL_ROUNDS, CONTROLS, TUNING_GR
 from kunlunlab.agent.backends import TransformersBackend
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.data import make_questions
-from kunlunlab.eval.harness import EvalConfig, evaluate
+from kunlunlab.eval.harness import EvalConfig, evaluate, with_checkpoint_settings
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
 from kunlunlab.training.config import load_config
 from kunlunlab.training.pipeline import heldout_examples
@@ -176,23 +176,25 @@ metrics["paper_example"] = {"final": answer, "rounds": used}
 # a replay with another K re-scores the *same* rounds, although that setting's feedback might have led the
 # model to answer differently; cached-round tuning measures the controller's decisions, not that effect.
 # With a trained checkpoint its own agent settings apply (`kunlunlab_agent.json`: top-k, token budgets,
-# RDRA sizes); the untrained embedded model rarely follows the protocol, so many of its rounds carry no
-# answer. The questions are the training config's held-out synthetic-world questions (`heldout_examples`),
-# never seen in training.
+# RDRA sizes, STIE's thresholds, index kind and embedder; `rounds` sets STIE's round budget); the untrained
+# embedded model rarely follows the protocol, so many of its rounds carry no answer. The questions are the
+# training config's held-out synthetic-world questions (`heldout_examples`), never seen in training.
 
 # %%
 train_cfg = load_config(PROJECT_ROOT / train_config)
 # The world's held-out split does not depend on HotpotQA: hotpot=False skips loading that benchmark.
 held = heldout_examples(replace(train_cfg, hotpot=False), n_questions, 0)
 examples, world = held.heldout, held.world
-common = dict(dataset="world", limit=len(examples), index_kind=index_kind or train_cfg.index_kind,
-              embedder=train_cfg.embedder, judge="none", seed=seed, batch_size=batch_size,
-              method="kunlun", use_stie=True,  # the rounds are STIE's: the method must run it
-              stie=STIEConfig(max_rounds=rounds), stie_collect=True)
-if model is not None:
-    collect = EvalConfig.for_checkpoint(model, **common)
-else:
-    collect = EvalConfig(**common, rollout=RolloutConfig(max_total_tokens=640))
+# explicit here > the checkpoint's settings > the training config's retrieval > EvalConfig's defaults
+given = dict(dataset="world", limit=len(examples), judge="none", seed=seed, batch_size=batch_size,
+             method="kunlun", use_stie=True,  # the rounds are STIE's: the method must run it
+             stie_collect=True)
+explicit = set(given) | {"stie.max_rounds"} | ({"index_kind"} if index_kind else set())
+collect = with_checkpoint_settings(
+    EvalConfig(**given, model=model, index_kind=index_kind or train_cfg.index_kind, embedder=train_cfg.embedder,
+               stie=STIEConfig(max_rounds=rounds),
+               rollout=RolloutConfig() if model is not None else RolloutConfig(max_total_tokens=640)),
+    explicit=explicit)
 print("model:", model or "embedded SmolLM2-135M-Instruct (untrained)")
 print("collection mode (eq. 13 i-iii off):", COLLECT_ALL_ROUNDS)
 print("settings:", {k: getattr(collect, k) for k in ("method", "use_rdra", "index_kind")},

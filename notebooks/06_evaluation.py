@@ -20,10 +20,10 @@
 # `make run` hands this notebook the model that notebook 04 trained (`model`); without one it evaluates the
 # embedded, untrained SmolLM2-135M. The suite (`kunlunlab/suite.py::run_suite`) runs every method on the
 # same loaded model with the checkpoint's own agent settings (`kunlunlab_agent.json`: top-k, token budgets,
-# STIE rounds), so budgets are equal across the table, and on questions training never saw: the held-out
-# split of the training config for the synthetic world, the held-out half of the HotpotQA distractor sample,
-# and the first `limit` questions of 2Wiki, MuSiQue and Bamboogle (searched in the 2Wiki paragraphs +
-# HotpotQA contexts, an open corpus that does not cover every question).
+# RDRA, STIE, index kind and embedder), so budgets are equal across the table, and on questions training
+# never saw: the held-out split of the training config for the synthetic world, the held-out half of the
+# HotpotQA distractor sample, and the first `limit` questions of 2Wiki, MuSiQue and Bamboogle (searched in
+# the 2Wiki paragraphs + HotpotQA contexts, an open corpus that does not cover every question).
 #
 # **Methods** (`kunlunlab/agent/methods.py`): Naive Generation (the question alone), Naive RAG (top-k
 # passages, then answer), Iter-RetGen, IRCoT, a Search-o1-style agent, and `kunlun` (RDRA background §2.1 →
@@ -44,7 +44,8 @@ nlr = True                 # NLR rows: a router trained against a network tier o
 nlr_latency_ms = 150.0     # the network tier's added latency per request
 judge = None               # LJ judge: a model (hub id / path) or, with judge_url, a served model's name
 judge_url = None
-index_kind = "flat"
+index_kind = None          # None: the checkpoint's (kunlunlab_agent.json), else flat
+embedder = None            # None: the checkpoint's, else the embedded all-MiniLM-L6-v2
 device = "auto"            # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
 batch_size = 20            # questions per generation batch
 training_runs = {}         # training ablations: label -> `kunlunlab train` run folder; the first is the reference
@@ -75,9 +76,8 @@ print("model:", model or "embedded SmolLM2-135M-Instruct (untrained)")
 cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baselines), datasets=tuple(datasets),
                   world_questions=world_questions, hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
-                  nlr_latency_ms=nlr_latency_ms, judge=judge,
-                  judge_url=judge_url, index_kind=index_kind, device=device, batch_size=batch_size, n_resamples=n_resamples,
-                  seed=seed)
+                  nlr_latency_ms=nlr_latency_ms, judge=judge, judge_url=judge_url, index_kind=index_kind,
+                  embedder=embedder, device=device, batch_size=batch_size, n_resamples=n_resamples, seed=seed)
 
 # %% [markdown]
 # ## Run every method on every dataset, then the ablations
@@ -224,7 +224,7 @@ if result.router:
 #   accepted, kept or replaced, which answers are blocked, and whether it stopped and why; then the feedback
 #   STIE sent back to the model. The records store STIE's rounds, not its decisions, so the browser replays
 #   `kunlunlab/agent/stie.py::replay` on the recorded rounds with the run's settings (`stie_config_for`:
-#   the checkpoint's `stie_rounds`, STIE's defaults otherwise) and says so if the replay's answer differs
+#   the checkpoint's STIE configuration, STIE's defaults otherwise) and says so if the replay's answer differs
 #   from the recorded one.
 #
 # The same views are written to `trajectories.html` in the run folder (every question, collapsible), for

@@ -71,6 +71,27 @@ def test_eval_flags_beat_checkpoint_settings_beat_defaults(tmp_path):
     assert (plain.method, plain.rollout.top_k, plain.stie.max_rounds, plain.use_rdra) == ("kunlun", 3, 2, True)
 
 
+def test_eval_applies_the_checkpoints_retrieval_and_stie_below_flags_and_set(tmp_path):
+    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({
+        "method": "kunlun", "index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 1,
+        "stie": {"delta1": 0.7, "max_rounds": 4}}))
+    saved = eval_config_from_args(build_parser().parse_args(["eval", "--dataset", "world", "--model", str(tmp_path)]))
+    assert (saved.index_kind, saved.embedder, saved.stie.delta1, saved.stie.max_rounds) == \
+        ("bm25", "intfloat/e5-base-v2", 0.7, 4)
+    args = build_parser().parse_args(["eval", "--dataset", "world", "--model", str(tmp_path), "--index-kind", "flat",
+                                      "--embedder", "all-MiniLM-L6-v2", "--set", "stie.delta1=0.5"])
+    config = eval_config_from_args(args)
+    assert (config.index_kind, config.embedder, config.stie.delta1, config.stie.max_rounds) == \
+        ("flat", "all-MiniLM-L6-v2", 0.5, 4)  # the checkpoint's round budget stays
+
+
+def test_suite_flags_name_the_index_and_embedder():
+    args = build_parser().parse_args(["suite", "--index-kind", "bm25", "--embedder", "intfloat/e5-base-v2"])
+    assert (args.index_kind, args.embedder) == ("bm25", "intfloat/e5-base-v2")
+    plain = build_parser().parse_args(["suite"])
+    assert (plain.index_kind, plain.embedder) == (None, None)  # None: the checkpoint's, else the defaults
+
+
 def test_eval_config_file_and_set_sit_between_flags_and_checkpoint(tmp_path, capsys):
     (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"method": "agent", "top_k": 1, "max_searches": 3}))
     cfg_file = tmp_path / "eval.json"

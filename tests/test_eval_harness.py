@@ -248,10 +248,68 @@ def test_a_named_method_is_not_switched_off_by_a_plain_agent_checkpoint(tmp_path
     assert (own.method, own.use_rdra, own.use_stie) == ("agent", False, False)
 
 
+def test_the_whole_agent_configuration_is_carried_and_applied_field_by_field(tmp_path):
+    saved = {"method": "kunlun", "index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 2,
+             "max_result_chars": 250, "max_turn_tokens": 128, "rdra": {"background_k": 2, "use_plan": False},
+             "stie": {"delta1": 0.7, "max_rounds": 4}}
+    ckpt = _checkpoint(tmp_path, saved)
+    config = EvalConfig.for_checkpoint(ckpt, rdra={"max_docs": 4}, stie={"delta2": 0.3})
+    assert (config.index_kind, config.embedder) == ("bm25", "intfloat/e5-base-v2")
+    assert (config.rollout.top_k, config.rollout.max_result_chars, config.rollout.max_turn_tokens) == (2, 250, 128)
+    # an explicit RDRA or STIE field keeps the checkpoint's others; neither given nor saved: the default
+    assert (config.rdra.background_k, config.rdra.use_plan, config.rdra.max_docs, config.rdra.max_doc_chars) == \
+        (2, False, 4, 400)
+    assert (config.stie.delta1, config.stie.delta2, config.stie.delta3, config.stie.max_rounds) == (0.7, 0.3, 0.4, 4)
+    assert EvalConfig.for_checkpoint(ckpt, index_kind="flat").index_kind == "flat"  # explicit beats the checkpoint
+    # a service or a saved index brings its own index and embedder: the checkpoint's are not applied
+    remote = EvalConfig.for_checkpoint(ckpt, retriever_url="http://127.0.0.1:9")
+    assert (remote.index_kind, remote.embedder, remote.rollout.top_k, remote.stie.delta1) == ("flat", None, 2, 0.7)
+
+
+def test_a_checkpoint_written_before_the_whole_configuration_was_carried_still_loads(tmp_path):
+    ckpt = _checkpoint(tmp_path, {"method": "kunlun", "top_k": 1, "stie_rounds": 3,
+                                  "rdra": {"background_k": 3, "plan_k": 1, "use_plan": False}})
+    config = EvalConfig.for_checkpoint(ckpt)
+    assert (config.stie.max_rounds, config.stie.delta1, config.index_kind, config.embedder) == (3, 0.6, "flat", None)
+    assert (config.rdra.background_k, config.rdra.plan_k, config.rdra.use_plan) == (3, 1, False)
+    assert EvalConfig.for_checkpoint(ckpt, stie={"max_rounds": 2}).stie.max_rounds == 2
+
+
+def test_checkpoint_settings_written_by_training_round_trip(tmp_path):
+    from kunlunlab.training.config import load_config
+    from kunlunlab.training.pipeline import agent_settings
+
+    cfg = load_config(None, {"index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 2,
+                             "max_result_chars": 250, "agent.stie.delta1": 0.7, "agent.stie.max_rounds": 4,
+                             "agent.rdra.background_k": 2, "eval.max_turn_tokens": 128})
+    settings = agent_settings(cfg)
+    assert {k: v for k, v in settings.items() if k not in ("rdra", "stie")} == {
+        "method": "kunlun", "index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 2,
+        "max_result_chars": 250, "max_turn_tokens": 128, "max_total_tokens": 1024, "max_searches": 8,
+        "use_rdra": True, "use_stie": True}
+    assert settings["stie"]["delta1"] == 0.7 and settings["stie"]["max_rounds"] == 4
+    assert settings["rdra"]["background_k"] == 2
+    config = EvalConfig.for_checkpoint(_checkpoint(tmp_path, settings))
+    assert (config.index_kind, config.embedder, config.rollout.top_k, config.rollout.max_result_chars,
+            config.rollout.max_turn_tokens, config.stie.delta1, config.stie.max_rounds, config.rdra.background_k) == \
+        ("bm25", "intfloat/e5-base-v2", 2, 250, 128, 0.7, 4, 2)
+    assert config.stie == cfg.agent.stie and config.rdra == cfg.agent.rdra
+
+
+def test_checkpoint_settings_the_config_refuses_name_the_file(tmp_path):
+    ckpt = _checkpoint(tmp_path, {"stie": {"repeat_k": 0}})
+    with pytest.raises(AgentSettingsError, match="bad settings: .*repeat_k") as err:
+        EvalConfig.for_checkpoint(ckpt)
+    assert AGENT_SETTINGS_FILE in str(err.value)
+
+
 @pytest.mark.parametrize("content,match", [("{not json", "invalid JSON"), ("[1, 2]", "expected a JSON object"),
                                            ({"top_k": "3"}, "'top_k' must be int"),
                                            ({"use_stie": 1}, "'use_stie' must be bool"),
                                            ({"top_k": True}, "'top_k' must be int"),
+                                           ({"embedder": 3}, "'embedder' must be str or null"),
+                                           ({"stie": {"delta9": 0.1}}, r"'stie' has unknown keys \['delta9'\]"),
+                                           ({"stie_rounds": 3, "stie": {"max_rounds": 4}}, "both give"),
                                            ({"temperature": 0.7}, "unknown keys")])
 def test_malformed_agent_settings_name_the_file(tmp_path, content, match):
     ckpt = _checkpoint(tmp_path, content)

@@ -12,6 +12,13 @@ from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.training.rewards import format_compliant, parse_completion
 
 
+# the plain search-think mixture (the `agent` ablation's): no RDRA background, plan samples or STIE rounds
+PLAIN = {"rdra_background": False, "plan_samples": 0, "stie_feedback_share": 0.0}
+# the run's retrieval sizes (TrainConfig.top_k / max_result_chars), which every builder is given
+SIZES = {"top_k": 2, "max_result_chars": 300}
+ONE = {"top_k": 1, "max_result_chars": 300}
+
+
 @pytest.fixture(scope="module")
 def bm25(world):
     return build_retriever(world.passages, IndexConfig(kind="bm25"))
@@ -47,7 +54,7 @@ def test_invalid_mixing_config_is_rejected():
 
 
 def test_high_quality_trajectory_follows_the_gold_chain_with_real_results(world, questions, bm25):
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)
     for ex in questions[:10]:
         t = builder.world(ex)
         assert t.quality == "hq" and not t.noise
@@ -62,7 +69,7 @@ def test_high_quality_trajectory_follows_the_gold_chain_with_real_results(world,
 
 
 def test_think_turns_quote_the_shown_sentence_that_holds_each_hop_answer(world, questions, bm25):
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2, quote_evidence=True))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN, quote_evidence=True), **SIZES)
     quoted = 0
     for ex in questions[:20]:
         t = builder.world(ex)
@@ -79,12 +86,12 @@ def test_think_turns_quote_the_shown_sentence_that_holds_each_hop_answer(world, 
     assert quoted >= 20
     assert evidence_sentence("(1) \"A\"\nA was born in 1901. He was married to Bo Ek.", "Bo Ek") == "He was married to Bo Ek."
     assert evidence_sentence("(1) \"A\"\nA was known for songs.", "no") is None   # yes/no is never quoted
-    plain = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))   # the default: no quotes
+    plain = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)   # the default: no quotes
     assert "So:" not in plain.world(questions[0]).text
 
 
 def test_noisy_trajectories_still_reach_the_gold_answer(world, questions, bm25):
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)
     rng = random.Random(3)
     seen = set()
     for ex in questions[:30]:
@@ -106,8 +113,8 @@ def test_noisy_trajectories_still_reach_the_gold_answer(world, questions, bm25):
 def test_sft_dataset_keeps_epochs_in_order_and_batches_similar_lengths(world, questions, bm25, tokenizer):
     from kunlunlab.training.sft import sft_dataset
 
-    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, seed=2)
-    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, **PLAIN)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **SIZES), questions, cfg, seed=2)
     ds = sft_dataset(tokenizer, trajs, 4096, batch_size=4)
     lengths = [len(ids) for ids in ds["input_ids"]]
     assert len(ds) == 16
@@ -119,8 +126,8 @@ def test_sft_dataset_keeps_epochs_in_order_and_batches_similar_lengths(world, qu
 
 
 def test_mix_obeys_the_schedule_epoch_by_epoch(world, questions, bm25):
-    cfg = MixingConfig(epochs=3, turning_epoch=2, samples_per_epoch=12, seed=1)
-    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    cfg = MixingConfig(epochs=3, turning_epoch=2, samples_per_epoch=12, **PLAIN)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **SIZES), questions, cfg, seed=1)
     assert [t.epoch for t in trajs] == sorted(t.epoch for t in trajs)  # curriculum order
     for row in schedule(cfg):
         epoch = [t for t in trajs if t.epoch == row["epoch"]]
@@ -130,8 +137,8 @@ def test_mix_obeys_the_schedule_epoch_by_epoch(world, questions, bm25):
 
 
 def test_first_turn_samples_hold_the_decomposition_only(world, questions, bm25):
-    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=6, first_turn_samples=3, seed=4)
-    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=6, first_turn_samples=3, **PLAIN)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **SIZES), questions, cfg, seed=4)
     partial = [t for t in trajs if t.partial]
     assert len(partial) == 6 and len(trajs) == 18
     for t in partial:
@@ -144,7 +151,7 @@ def test_first_turn_samples_hold_the_decomposition_only(world, questions, bm25):
 
 
 def test_sft_tokens_mask_exactly_prompt_results_and_wrong_turns(world, questions, bm25, tokenizer):
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)
     t = builder.world(questions[1], rho=1.0, rng=random.Random(0), kinds=("wrong_hop",))
     row = tokenize_trajectory(tokenizer, t)
     ids, mask = row["input_ids"], row["completion_mask"]
@@ -164,7 +171,7 @@ def test_sft_collator_of_trl_keeps_the_mask(world, questions, bm25, tokenizer):
     from kunlunlab.models import load_llm
     from kunlunlab.training.sft import sft_dataset
 
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=2))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)
     trajs = [builder.world(q) for q in questions[:2]]
     model, tok = load_llm()
     trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=sft_dataset(tok, trajs, 2048),
@@ -215,8 +222,8 @@ def test_whole_agent_trajectories_carry_rdra_background_plans_and_stie_rounds(wo
     from kunlunlab.agent.rdra import RDRAConfig
 
     rdra = RDRAConfig(background_k=2, plan_k=1, max_docs=3, max_doc_chars=200)
-    cfg = MixingConfig(top_k=1, rdra_background=True)
-    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra)
+    cfg = MixingConfig(rdra_background=True)
+    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra, **ONE)
     ex = next(q for q in questions if q.type == "compositional")
     t = builder.world(ex)
     assert t.background.startswith("Plan:\n" + ex.chain[0].question) and "Documents:\n(1)" in t.background
@@ -248,9 +255,9 @@ def test_whole_agent_trajectories_carry_rdra_background_plans_and_stie_rounds(wo
 
 
 def test_mix_adds_plan_samples_and_feedback_rounds(world, questions, bm25):
-    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, top_k=1, rdra_background=True,
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, rdra_background=True,
                        plan_samples=2, stie_feedback_share=0.5)
-    out = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg)
+    out = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **ONE), questions, cfg, seed=0)
     rows = data_stats(out)
     assert sum(r["kind"] == "plan" for r in rows) == 4
     assert 0 < sum(r["stie_rounds"] > 0 for r in rows) < 16
@@ -270,9 +277,9 @@ def test_real_sources_take_their_share_of_each_epoch_as_high_quality_samples(wor
         from kunlunlab.retrieval.retriever import Hit
         return [[Hit(p.id, p.contents, 1.0, p.title) for p in corpus if p.title in q][:k] for q in queries]
 
-    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=10, seed=3)
-    source = RealSource("2wikimultihopqa", TrajectoryBuilder(search, corpus, cfg), [real], share=0.2)
-    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg), questions, cfg, [source])
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=10, **PLAIN)
+    source = RealSource("2wikimultihopqa", TrajectoryBuilder(search, corpus, cfg, **SIZES), [real], share=0.2)
+    trajs = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **SIZES), questions, cfg, [source], seed=3)
     for e in (0, 1):
         epoch = [t for t in trajs if t.epoch == e]
         assert len(epoch) == 10
@@ -298,9 +305,9 @@ def test_background_facts_reads_a_hop_the_background_shows_instead_of_searching_
                 (second if q == ex.chain[1].question else first for q in queries)]
 
     rdra = RDRAConfig(background_k=1, plan_k=1, max_docs=2)
-    plain = TrajectoryBuilder(search, world.passages, MixingConfig(top_k=1, rdra_background=True), rdra).world(ex)
+    plain = TrajectoryBuilder(search, world.passages, MixingConfig(rdra_background=True), rdra, **ONE).world(ex)
     reading = TrajectoryBuilder(search, world.passages,
-                                MixingConfig(top_k=1, rdra_background=True, background_facts=True), rdra).world(ex)
+                                MixingConfig(rdra_background=True, background_facts=True), rdra, **ONE).world(ex)
     assert plain.background == reading.background and first.title in reading.background
     assert second.title not in reading.background
     assert plain.searches == 2 and reading.searches == 1
@@ -315,8 +322,8 @@ def test_background_facts_reads_a_hop_the_background_shows_instead_of_searching_
         return [[Hit(p.id, p.contents, 1.0, p.title) for p in (first, second)] for _ in queries]
 
     direct = TrajectoryBuilder(everything, world.passages,
-                               MixingConfig(top_k=1, rdra_background=True, background_facts=True),
-                               RDRAConfig(background_k=2, plan_k=2, max_docs=2)).world(ex)
+                               MixingConfig(rdra_background=True, background_facts=True),
+                               RDRAConfig(background_k=2, plan_k=2, max_docs=2), **ONE).world(ex)
     assert direct.searches == 0 and len(direct.segments) == 1
     assert direct.text.startswith(f"<think>From the background: {q1} {a1}. From the background: {q2}")
     row = tokenize_trajectory(tokenizer, direct)
@@ -342,7 +349,7 @@ def test_background_facts_as_a_share_reads_the_background_for_that_share_of_ques
 
     def searches(share, rng_seed=0):
         b = TrajectoryBuilder(everything, world.passages,
-                              MixingConfig(top_k=1, rdra_background=True, background_facts=share), rdra)
+                              MixingConfig(rdra_background=True, background_facts=share), rdra, **ONE)
         return [b.world(q, rho=0.0, rng=random.Random(rng_seed)).searches for q in chains]
 
     none, half, full = searches(0.0), searches(0.5), searches(True)
@@ -371,10 +378,10 @@ def test_background_facts_on_a_real_bridge_question_searches_only_the_page_the_b
                  if p.title == q or (q != "Tarrow" and p.id in "ac")][:k] for q in queries]
 
     rdra = RDRAConfig(background_k=2, plan_k=1, max_docs=2, background_share=1.0)
-    cfg = MixingConfig(top_k=1, rdra_background=True)
-    plain = TrajectoryBuilder(search, corpus, cfg, rdra).hotpot(real)
-    cfg = MixingConfig(top_k=1, rdra_background=True, background_facts=True)
-    reading = TrajectoryBuilder(search, corpus, cfg, rdra).hotpot(real)
+    cfg = MixingConfig(rdra_background=True)
+    plain = TrajectoryBuilder(search, corpus, cfg, rdra, **ONE).hotpot(real)
+    cfg = MixingConfig(rdra_background=True, background_facts=True)
+    reading = TrajectoryBuilder(search, corpus, cfg, rdra, **ONE).hotpot(real)
     assert "Orla Fenn (born 1950)" in reading.background and "mayor" not in reading.background
     assert re.findall(r"<query>(.*?)</query>", plain.text) == ["Orla Fenn", "Tarrow"]
     assert re.findall(r"<query>(.*?)</query>", reading.text) == ["Tarrow"]
@@ -388,14 +395,26 @@ def test_plan_free_rdra_trajectories_carry_the_first_stage_only_and_no_plan_samp
     from kunlunlab.agent.rdra import RDRAConfig
 
     rdra = RDRAConfig(background_k=2, max_docs=5, max_doc_chars=200, use_plan=False)
-    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, top_k=1, rdra_background=True,
+    cfg = MixingConfig(epochs=2, turning_epoch=1, samples_per_epoch=8, rdra_background=True,
                        plan_samples=2, stie_feedback_share=0.5)
-    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra)
+    builder = TrajectoryBuilder(bm25.search, world.passages, cfg, rdra, **ONE)
     ex = next(q for q in questions if q.type == "compositional")
     t = builder.world(ex)
     first = [h.contents[:40] for h in bm25.search([ex.question], 2)[0]]
     assert t.background.startswith("Documents:\n(1) " + first[0]) and "Plan:" not in t.background
     assert re.findall(r"^\((\d)\) ", t.background, re.M) == ["1", "2"]  # the two first-stage passages only
-    out = mix(builder, questions, cfg)
+    out = mix(builder, questions, cfg, seed=0)
     assert not any(r["kind"] == "plan" for r in data_stats(out)) and len(out) == 16
     assert all(t.background.startswith("Documents:") for t in out)
+
+
+def test_the_default_mixing_writes_the_kunlun_recipe(world, questions, bm25):
+    """The defaults write the data of the whole agent that TrainConfig's default method runs: RDRA's background
+    (with the paper's plan, RDRAConfig's default) in every trajectory, 12 planning samples per epoch and STIE
+    feedback rounds on a share of the trajectories."""
+    cfg = MixingConfig(epochs=1, turning_epoch=1, samples_per_epoch=8)
+    out = mix(TrajectoryBuilder(bm25.search, world.passages, cfg, **ONE), questions, cfg, seed=0)
+    rows = data_stats(out)
+    assert sum(r["kind"] == "plan" for r in rows) == 12 and len(out) == 8 + 12
+    assert all(t.background.startswith("Plan:\n") for t in out if t.kind == "trajectory")
+    assert 0 < sum(r["stie_rounds"] > 0 for r in rows) < 8

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from kunlunlab.suite import SuiteConfig, suite_data
+from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
+from kunlunlab.suite import SuiteConfig, suite_data, suite_eval_config
 
 
 def test_2wiki_questions_a_checkpoint_trained_on_are_refused(tmp_path, data_dir):
@@ -29,6 +30,20 @@ def test_world_questions_are_the_training_configs_held_out_split(tmp_path):
     train = {q.question for q in load_training_data(load_config(config)).train}
     assert len(questions) == 12 and not train & {q.question for q in questions}
     assert len(passages) == 600
+
+
+def test_the_suite_runs_with_the_checkpoints_agent_configuration_unless_it_sets_its_own(tmp_path):
+    (tmp_path / AGENT_SETTINGS_FILE).write_text(json.dumps({
+        "method": "kunlun", "index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 1,
+        "stie": {"delta1": 0.7}, "rdra": {"use_plan": False}}))
+    base = suite_eval_config(SuiteConfig(model=str(tmp_path)))
+    assert (base.index_kind, base.embedder, base.rollout.top_k, base.stie.delta1, base.rdra.use_plan) == \
+        ("bm25", "intfloat/e5-base-v2", 1, 0.7, False)
+    own = suite_eval_config(SuiteConfig(model=str(tmp_path), index_kind="flat", embedder="all-MiniLM-L6-v2"))
+    assert (own.index_kind, own.embedder, own.rollout.top_k) == ("flat", "all-MiniLM-L6-v2", 1)
+    untrained = suite_eval_config(SuiteConfig())  # no checkpoint: EvalConfig's defaults
+    assert (untrained.index_kind, untrained.embedder, untrained.rollout.top_k, untrained.stie.delta1) == \
+        ("flat", None, 3, 0.6)
 
 
 def _records(ems: list[float]) -> list[dict]:

@@ -90,7 +90,8 @@ def _sft_setup(world, questions, bm25):
 
     model, tok = load_llm()
     freeze_for_sft(model, 2)
-    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(top_k=1, max_result_chars=120))
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(rdra_background=False),
+                                top_k=1, max_result_chars=120)
     dataset = sft_dataset(tok, [builder.world(q) for q in questions[:8]], 1024)
     return model, tok, dataset
 

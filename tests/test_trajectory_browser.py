@@ -220,5 +220,7 @@ def test_static_page_holds_every_question():
 
 def test_stie_config_follows_the_checkpoint_settings(tmp_path):
     assert stie_config_for(None) == STIEConfig()
-    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"stie_rounds": 3}))
+    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"stie_rounds": 3}))  # written before "stie"
     assert stie_config_for(str(tmp_path)).max_rounds == 3
+    (tmp_path / "kunlunlab_agent.json").write_text(json.dumps({"stie": {"max_rounds": 4, "delta1": 0.7}}))
+    assert stie_config_for(str(tmp_path)) == STIEConfig(max_rounds=4, delta1=0.7)

@@ -39,10 +39,16 @@ comes from following the protocol shows as such.
 
 Trained checkpoints
 -------------------
-A checkpoint folder from the training pipeline carries ``kunlunlab_agent.json`` with the agent
-settings it was trained under (method, top-k, token budgets, STIE rounds, RDRA/STIE switches).
-:func:`with_checkpoint_settings` and :meth:`EvalConfig.for_checkpoint` apply them wherever the caller
-did not set a value explicitly: explicit value > checkpoint settings > ``EvalConfig`` default.
+A checkpoint folder from the training pipeline carries ``kunlunlab_agent.json`` with the whole agent
+configuration it was trained under: method, RDRA/STIE switches, RDRA's sizes (``rdra``), STIE's
+thresholds and round budget (``stie``), the retrieval (``index_kind``, ``embedder``, ``top_k``,
+``max_result_chars``) and the token and search budgets. :func:`with_checkpoint_settings` and
+:meth:`EvalConfig.for_checkpoint` apply them field by field wherever the caller did not set a value
+explicitly: explicit value > checkpoint settings > ``EvalConfig`` default (``rdra.plan_k`` given keeps
+the checkpoint's other RDRA sizes). Files written before the whole configuration was carried hold only
+some keys (STIE as ``stie_rounds``, no retrieval kind); they load, and what they lack stays the default.
+The checkpoint's ``index_kind`` and ``embedder`` describe an index built here: with ``retriever_url`` or
+``index_dir`` the service or saved index brings its own, and they are not applied.
 """
 from __future__ import annotations
 
@@ -70,14 +76,20 @@ from kunlunlab.retrieval.service import RemoteRetriever, RetrievalServiceError
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 TAGGED, FALLBACK = "answer_tag", "fallback"
 AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
-AGENT_SETTING_TYPES: dict[str, type] = {
+AGENT_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "method": str, "top_k": int, "max_result_chars": int, "max_turn_tokens": int, "max_total_tokens": int,
-    "max_searches": int, "stie_rounds": int, "use_rdra": bool, "use_stie": bool, "rdra": dict}
+    "max_searches": int, "use_rdra": bool, "use_stie": bool, "rdra": dict, "stie": dict,
+    "index_kind": str, "embedder": (str, type(None)),
+    "stie_rounds": int}  # files written before "stie" carried all of STIE: its round budget alone
+# The whole sub-configs a file carries as objects: each key inside must be a field of the config.
+AGENT_SETTING_SECTIONS: dict[str, type] = {"rdra": RDRAConfig, "stie": STIEConfig}
+RETRIEVAL_SETTINGS = ("index_kind", "embedder")  # an index built here; not applied with a service or saved index
 
 
 # Where each key of kunlunlab_agent.json lands in EvalConfig (the file keeps its flat, documented keys).
 AGENT_SETTING_PATHS: dict[str, str] = {
-    "method": "method", "use_rdra": "use_rdra", "use_stie": "use_stie", "rdra": "rdra",
+    "method": "method", "use_rdra": "use_rdra", "use_stie": "use_stie", "rdra": "rdra", "stie": "stie",
+    "index_kind": "index_kind", "embedder": "embedder",
     "top_k": "rollout.top_k", "max_result_chars": "rollout.max_result_chars",
     "max_turn_tokens": "rollout.max_turn_tokens", "max_total_tokens": "rollout.max_total_tokens",
     "max_searches": "rollout.max_searches", "stie_rounds": "stie.max_rounds"}
@@ -151,8 +163,9 @@ class AgentSettingsError(ValueError):
 def load_agent_settings(model: str | Path | None) -> dict:
     """The agent settings a trained checkpoint was saved with; ``{}`` for hub ids and plain folders.
 
-    Only ``AGENT_SETTING_TYPES`` keys are accepted, each with its type: an unknown key is an error
-    rather than something dropped, so a setting the evaluation cannot apply never goes unnoticed.
+    Only ``AGENT_SETTING_TYPES`` keys are accepted, each with its type, and inside ``rdra`` / ``stie`` only
+    their config's fields: an unknown key is an error rather than something dropped, so a setting the
+    evaluation cannot apply never goes unnoticed.
     """
     if model is None or not Path(model).is_dir():
         return {}
@@ -173,7 +186,15 @@ def load_agent_settings(model: str | Path | None) -> dict:
     for key, value in settings.items():
         kind = AGENT_SETTING_TYPES[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise AgentSettingsError(f"{path}: {key!r} must be {kind.__name__}, got {value!r}")
+            name = " or ".join("null" if k is type(None) else k.__name__ for k in (kind if isinstance(kind, tuple)
+                                                                                  else (kind,)))
+            raise AgentSettingsError(f"{path}: {key!r} must be {name}, got {value!r}")
+        if key in AGENT_SETTING_SECTIONS:
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(AGENT_SETTING_SECTIONS[key])})
+            if unknown:
+                raise AgentSettingsError(f"{path}: {key!r} has unknown keys {unknown}")
+    if "stie_rounds" in settings and "max_rounds" in settings.get("stie", {}):
+        raise AgentSettingsError(f"{path}: 'stie_rounds' and 'stie.max_rounds' both give STIE's round budget")
     return settings
 
 
@@ -187,26 +208,40 @@ def _is_explicit(path: str, explicit: Collection[str]) -> bool:
 
 def apply_agent_settings(config: EvalConfig, settings: dict, explicit: Collection[str] = frozenset(),
                          source: str = AGENT_SETTINGS_FILE) -> EvalConfig:
-    """``config`` with agent settings (``kunlunlab_agent.json``'s flat keys) applied to every field whose
-    path (``AGENT_SETTING_PATHS``) is not in ``explicit``.
+    """``config`` with agent settings (``kunlunlab_agent.json``'s keys) applied to every field whose path
+    (``AGENT_SETTING_PATHS``; inside ``rdra`` / ``stie`` each field's own, e.g. ``stie.delta1``) is not in
+    ``explicit``.
 
     ``use_rdra`` / ``use_stie`` describe the checkpoint's own method (a plain-``agent`` checkpoint saves them
     off): when the user names another method they are not applied, so ``--method kunlun`` on such a
-    checkpoint runs RDRA and STIE instead of silently running the plain agent."""
-    top, rollout, stie = {}, {}, {}
+    checkpoint runs RDRA and STIE instead of silently running the plain agent. ``index_kind`` / ``embedder``
+    are not applied where ``config`` searches a service or a saved index, which bring their own."""
     other_method = _is_explicit("method", explicit) and settings.get("method", config.method) != config.method
+    remote = bool(config.retriever_url or config.index_dir)
+    updates = {}
     for key, value in settings.items():
-        path = AGENT_SETTING_PATHS[key]
-        if _is_explicit(path, explicit) or (other_method and key in ("use_rdra", "use_stie")):
+        if (other_method and key in ("use_rdra", "use_stie")) or (remote and key in RETRIEVAL_SETTINGS):
             continue
-        if key == "rdra":  # RDRA's sizes as trained (background passages, plan queries, characters)
-            try:
-                value = RDRAConfig(**value)
-            except (TypeError, ValueError) as err:
-                raise AgentSettingsError(f"{source}: bad 'rdra' settings: {err}") from err
-        head, _, field_name = path.partition(".")
-        {"rollout": rollout, "stie": stie}.get(head, top)[field_name or head] = value
-    return replace(config, **top, rollout=replace(config.rollout, **rollout), stie=replace(config.stie, **stie))
+        path = AGENT_SETTING_PATHS[key]
+        leaves = {f"{path}.{k}": v for k, v in value.items()} if key in AGENT_SETTING_SECTIONS else {path: value}
+        updates.update((p, v) for p, v in leaves.items() if not _is_explicit(p, explicit))
+    try:
+        return _with_paths(config, updates)
+    except (TypeError, ValueError) as err:  # a value of the right JSON type that the config refuses
+        raise AgentSettingsError(f"{source}: bad settings: {err}") from err
+
+
+def _with_paths(config, updates: dict):
+    """``config`` (a dataclass) with each dotted path of ``updates`` set, nested configs replaced, not mutated."""
+    top, nested = {}, {}
+    for path, value in updates.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    top.update((head, _with_paths(getattr(config, head), sub)) for head, sub in nested.items())
+    return replace(config, **top)
 
 
 def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = frozenset()) -> EvalConfig:

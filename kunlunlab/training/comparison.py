@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Mapping
 
 from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
+from kunlunlab.training.config import MOVED_KEYS
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
 # the keys that decide which held-out questions a run is evaluated on (load_training_data)
@@ -128,9 +129,11 @@ def reference_mismatch(reference: Mapping, variant: Mapping) -> tuple[list[str],
     """(held-out keys, other keys) whose values differ between a reference run's config (its
     ``train_config.json``) and a variant's (``TrainConfig.to_dict()``), leaving out :data:`VARIANT_KEYS`.
     A held-out key that differs makes the two runs' evaluations incomparable (other questions); another key
-    makes the comparison unequal (e.g. another agent or token budget)."""
+    makes the comparison unequal (e.g. another agent or token budget). Keys that moved (:data:`MOVED_KEYS`,
+    which a run recorded before the move still lists) are not compared: they never had an effect."""
     a, b = _leaves(reference), _leaves(variant)
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not _under(k, VARIANT_KEYS))
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and not _under(k, VARIANT_KEYS)
+                     and k not in MOVED_KEYS)
     heldout = [k for k in changed if k in HELDOUT_KEYS]
     return heldout, [k for k in changed if k not in HELDOUT_KEYS]
 

@@ -1,17 +1,26 @@
 """One typed config for the whole training run; JSON files, ``--set a.b=value`` overrides and
-papermill parameters all map onto it (TRL-style: config here, trainers in their own modules)."""
+papermill parameters all map onto it (TRL-style: config here, trainers in their own modules).
+
+Each value is defined in one place. Keys that moved (:data:`MOVED_KEYS`) are still read, so every kept run
+record's ``train_config.json`` loads, with one warning line. Fields that the chosen settings make inert
+(:data:`INERT_WHEN`) are named in one warning line when :func:`load_config` reads them."""
 from __future__ import annotations
 
+import copy
+import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kunlunlab.agent.rdra import RDRAConfig
-from kunlunlab.configs import apply_overrides, build_dataclass, read_config_file
+from kunlunlab.configs import apply_overrides, build_dataclass, leaf_paths, leaf_values, read_config_file
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.training.dpo import DPOStageConfig
 from kunlunlab.training.mixing import MixingConfig
 from kunlunlab.training.process_rewards import MCTSConfig
 from kunlunlab.training.rewards import RewardConfig
+
+log = logging.getLogger(__name__)
 
 AGENT_METHODS = ("kunlun", "agent")
 TRACKERS = ("tensorboard", "wandb")
@@ -237,10 +246,94 @@ class TrainConfig:
         return asdict(self)
 
 
+# Keys that moved: MixingConfig kept copies of the run's retrieval sizes and seed, which the run always
+# overwrote with its own, so a value set there never had an effect. Old path -> the field that sets it.
+MOVED_KEYS = {"mixing.top_k": "top_k", "mixing.max_result_chars": "max_result_chars", "mixing.seed": "seed"}
+
+# (the setting, whether the config has it, the fields it makes inert): a field listed here has no effect on
+# training or evaluation while its setting holds. A stage switched off (sft/prl/dapo.enabled, lora.enabled
+# false) is not listed: its whole section is off by name. Plan-free RDRA never runs eqs. 2-3 and D_1 fills
+# every background slot (kunlunlab.agent.rdra.joint_context); with LoRA peft trains the adapters alone.
+INERT_WHEN = (
+    ("agent.rdra.use_plan=false", lambda c: not c.agent.rdra.use_plan,
+     ("agent.rdra.plan_k", "agent.rdra.plan_tokens", "agent.rdra.max_plan_queries",
+      "agent.rdra.query_whole_plan", "agent.rdra.background_share", "mixing.plan_samples")),
+    ("lora.enabled=true", lambda c: c.lora.enabled, ("sft.train_layers",)),
+    ("mixing.rdra_background=false", lambda c: not c.mixing.rdra_background, ("mixing.background_facts",)),
+    ("mixing.stie_feedback_share=0", lambda c: c.mixing.stie_feedback_share == 0, ("mixing.stie_wrong_first",)),
+    ("dapo.use_vllm=false", lambda c: not c.dapo.use_vllm, ("dapo.vllm_mode", "dapo.vllm_server_url")),
+    ("hotpot=false", lambda c: not c.hotpot,
+     ("hotpot_train_fraction", "mixing.hotpot_share", "eval.hotpot_questions")),
+    ("twowiki=false", lambda c: not c.twowiki, ("twowiki_heldout", "mixing.twowiki_share")),
+    ("no data.rl_prompts", lambda c: not c.data.rl_prompts,
+     ("data.rl_prompts_limit", "data.rl_heldout", "data.rl_prompts_share", "data.sft_share")),
+    ("no retrieval.url or index_dir", lambda c: not c.retrieval.configured,
+     ("retrieval.attempts", "retrieval.backoff", "retrieval.timeout")),
+)
+
+
+def _values(cfg: TrainConfig) -> dict:
+    """``cfg``'s values by dotted path, as its JSON file holds them (tuples as lists)."""
+    return leaf_values(json.loads(json.dumps(cfg.to_dict())))
+
+
+def inert_fields(cfg: TrainConfig) -> dict[str, str]:
+    """Every field the settings of ``cfg`` make inert (dotted path -> the setting that does)."""
+    return {path: setting for setting, holds, paths in INERT_WHEN if holds(cfg) for path in paths}
+
+
+def effective_settings(cfg: TrainConfig) -> dict:
+    """``cfg``'s values by dotted path, less the fields its settings make inert: two configs with the same
+    effective settings train and evaluate alike."""
+    inert = inert_fields(cfg)
+    return {path: value for path, value in _values(cfg).items() if path not in inert}
+
+
+def drop_moved_keys(data: dict) -> tuple[dict, list[str]]:
+    """``data`` without :data:`MOVED_KEYS` (a copy; ``data`` is left as it is) and the moved keys it held."""
+    found = [key for key in MOVED_KEYS if key in leaf_paths(data)]
+    if not found:
+        return data, []
+    data = copy.deepcopy(data)
+    for key in found:
+        section, name = key.split(".")
+        del data[section][name]
+    return data, found
+
+
 def config_from_dict(data: dict, where: str = "config") -> TrainConfig:
+    """A TrainConfig from a plain dict. A moved key (:data:`MOVED_KEYS`, as every run record written before
+    the move holds) is dropped with one warning line naming it and where its value comes from; its value
+    had no effect then either."""
+    data, moved = drop_moved_keys(data)
+    if moved:
+        log.warning("%s: %s moved to %s; the value given here is ignored (as it always was: the run's own "
+                    "value applied)", where, ", ".join(moved), ", ".join(MOVED_KEYS[k] for k in moved))
     return build_dataclass(TrainConfig, data, where)
 
 
+def set_inert_fields(cfg: TrainConfig, data: dict) -> list[str]:
+    """The fields ``data`` (a config file with its overrides) sets to a value other than the default that
+    ``cfg``'s settings make inert. A default value is not counted: left in place (as in a run's own
+    ``train_config.json``, which lists every field) it changes nothing either way."""
+    inert = inert_fields(cfg)
+    resolved, default = _values(cfg), _values(TrainConfig())
+    return [path for path in sorted(leaf_paths(data)) if path in inert and resolved[path] != default[path]]
+
+
 def load_config(path: str | Path | None = None, overrides: dict | list[str] | None = None) -> TrainConfig:
+    """The config of a JSON file (None: the defaults) with ``overrides``; fields it sets that its own
+    settings make inert are named in one warning line."""
     data = read_config_file(path, "training config") if path is not None else {}
-    return config_from_dict(apply_overrides(data, overrides), str(path or "config"))
+    data = apply_overrides(data, overrides)
+    where = str(path or "config")
+    cfg = config_from_dict(data, where)
+    inert = set_inert_fields(cfg, data)
+    if inert:
+        reasons = inert_fields(cfg)
+        by_setting = {reasons[path]: [] for path in inert}
+        for path in inert:
+            by_setting[reasons[path]].append(path)
+        log.warning("%s: set but inert, without effect: %s", where,
+                    "; ".join(f"{', '.join(paths)} (with {setting})" for setting, paths in by_setting.items()))
+    return cfg

@@ -29,7 +29,8 @@ supervised fine-tuning sees exactly what inference will append.
   itself (the planning prompt with D_1, then the plan and EOS); and a share of trajectories continue after
   their answer with STIE's feedback block (§2.2, the exact text the controller appends, masked out of the
   loss like a result block), a verification search and the answer again. Half of those (``stie_wrong_first``)
-  first give a wrong answer (masked) that the verification corrects.
+  first give a wrong answer (masked) that the verification corrects. All three are on by default, as the
+  ``kunlun`` method (the training config's default agent) runs them; the plain-agent ablation turns them off.
   With plan-free RDRA (``RDRAConfig.use_plan=False``) the background is D_1 alone without a plan line and
   no plan samples are written, as that form never runs eq. 2.
 * **Reading the background** (``background_facts``, with ``rdra_background``): by default the teacher
@@ -87,15 +88,15 @@ class MixingConfig:
     twowiki_share: float = 0.0       # ... from 2Wiki questions with silver evidence chains (when given)
     first_turn_samples: int = 0      # extra per epoch: prompt + the first turn only (cheap decomposition practice)
     noise_kinds: tuple[str, ...] = NOISE_KINDS
-    top_k: int = 2                   # passages per query in result blocks (match the rollout config)
-    max_result_chars: int = 300
     quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
-    rdra_background: bool = False    # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
+    # The whole agent's parts (the `kunlun` method, TrainConfig.agent.method's default, runs all three); the
+    # plain-agent ablation turns them off (rdra_background false, plan_samples 0, stie_feedback_share 0).
+    rdra_background: bool = True     # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
     background_facts: float = 0.0    # ... and (share of questions) a stage it shows is read from it, not searched
-    plan_samples: int = 0            # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2)
-    stie_feedback_share: float = 0.0  # trajectories that continue after the answer with STIE feedback (§2.2)
+    plan_samples: int = 12           # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2); none are
+                                     # written with plan-free RDRA. 12: experiments/results/planned_makerun
+    stie_feedback_share: float = 0.25  # trajectories that continue after the answer with STIE feedback (§2.2)
     stie_wrong_first: float = 0.5    # ... of which the first answer is wrong (masked) and corrected after feedback
-    seed: int = 0
 
     def __post_init__(self):
         if self.epochs < 1 or self.turning_epoch < 0 or self.samples_per_epoch < 1 or self.first_turn_samples < 0:
@@ -215,11 +216,14 @@ class TrajectoryBuilder:
     """Writes trajectories with real retrieval; ``passages_by_id`` lets it insert a gold passage the
     retriever missed and draw irrelevant ones for noise."""
 
-    def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig, rdra=None):
+    def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig, rdra=None, *,
+                 top_k: int, max_result_chars: int):
         from kunlunlab.agent.rdra import RDRAConfig
         from kunlunlab.agent.rollout import result_block
 
         self.search, self.cfg = search, cfg
+        # the run's retrieval sizes (TrainConfig.top_k / max_result_chars), the ones its rollouts use
+        self.top_k, self.max_result_chars = top_k, max_result_chars
         self.rdra = rdra or RDRAConfig()
         self.passages = list(passages)
         self.by_id = {p.id: p for p in self.passages}
@@ -232,7 +236,7 @@ class TrajectoryBuilder:
     def _hits(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> list[list]:
         from kunlunlab.retrieval.retriever import Hit
 
-        k = self.cfg.top_k
+        k = self.top_k
         results = self.search(queries, k + len(withhold) + 1)
         out = []
         for hits, gold in zip(results, golds):
@@ -245,7 +249,7 @@ class TrajectoryBuilder:
 
     def _env(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> dict:
         hits = self._hits(queries, golds, withhold)
-        return {"role": "env", "text": self._block(hits, queries, self.cfg.max_result_chars), "train": False}
+        return {"role": "env", "text": self._block(hits, queries, self.max_result_chars), "train": False}
 
     # -- the whole agent: RDRA background and plans (§2.1), STIE feedback rounds (§2.2)
     def teacher_plan(self, ex: QAExample) -> str:
@@ -478,11 +482,11 @@ class RealSource:
 
 
 def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: MixingConfig,
-        real_sources: Sequence[RealSource] = ()) -> list[TrajectoryExample]:
+        real_sources: Sequence[RealSource] = (), *, seed: int) -> list[TrajectoryExample]:
     """All epochs of the schedule, in order (epoch 0 first): each epoch draws ``samples_per_epoch``
     questions, ``n_hq`` of them high quality and the rest noisy at that epoch's noise ratio; the real sources'
-    samples count among the high-quality ones."""
-    rng = random.Random(cfg.seed)
+    samples count among the high-quality ones. ``seed``: the run's (``TrainConfig.seed``)."""
+    rng = random.Random(seed)
     out: list[TrajectoryExample] = []
     sources = [s for s in real_sources if s.questions and s.share > 0]
     for row in schedule(cfg):

@@ -6,11 +6,14 @@
 The agent is the whole method by default (``agent.method = "kunlun"``): the SFT data carries RDRA's
 background block, plan samples and STIE feedback rounds (``mixing``), the DAPO rollouts run RDRA and
 STIE, and the evaluation runs ``kunlun``; ``agent.method = "agent"`` trains the search-think protocol
-alone (the ablation). Evaluation runs the same inference pipeline (``kunlunlab.eval.harness.evaluate``,
-method ``eval.method``) on held-out synthetic questions that training never saw and on the held-out
-half of the HotpotQA distractor sample. Every finished model folder carries ``kunlunlab_agent.json``,
-the agent settings it was trained with, which ``kunlunlab eval --model <folder>`` applies. Every stage is resumable: a finished stage leaves ``<stage>/final`` and a line in
-``state.json``; an interrupted one continues from its last Trainer checkpoint.
+alone (the ablation; its SFT data leaves the whole agent's parts out with ``mixing.rdra_background=false
+mixing.plan_samples=0 mixing.stie_feedback_share=0``, as the kept plain-agent runs set). Evaluation runs
+the same inference pipeline (``kunlunlab.eval.harness.evaluate``, method ``eval.method``) on held-out
+synthetic questions that training never saw and on the held-out half of the HotpotQA distractor sample.
+Every finished model folder carries ``kunlunlab_agent.json``, the whole agent configuration it was trained
+with (:func:`agent_settings`), which ``kunlunlab eval --model <folder>`` applies. Every stage is resumable:
+a finished stage leaves ``<stage>/final`` and a line in ``state.json``; an interrupted one continues from
+its last Trainer checkpoint.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from typing import Callable
 
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
 from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
-from kunlunlab.training.config import TrainConfig
+from kunlunlab.training.config import TrainConfig, config_from_dict, effective_settings
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,7 @@ def run_config(config: str | Path | None, overrides: dict | list[str] | None = N
     1e-4}`` or ``["sft.learning_rate=1e-4"]``); ``smoke`` shrinks it to the test suite's size, the user's
     overrides still winning."""
     from kunlunlab.paths import PROJECT_ROOT
-    from kunlunlab.training.config import apply_overrides, config_from_dict, load_config
+    from kunlunlab.training.config import apply_overrides, load_config
 
     path = None if config is None else Path(config)
     if path is not None and not path.is_absolute() and not path.is_file():
@@ -183,9 +186,11 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     backend.name = cfg.model or "smollm2-135m-instruct"
     shard = examples[rank::processes]
     remote = retrieval is not None and retrieval.configured
+    # the world's index kind and embedder stay explicit: with a service or saved index (the real data's) the
+    # checkpoint settings leave them out, and the service is still checked against the run's embedder
     ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(shard), judge=None, index_kind=cfg.index_kind,
                                          embedder=cfg.embedder, batch_size=cfg.eval.batch_size, seed=cfg.world_seed,
-                                         stie=cfg.agent.stie, retriever_url=retrieval.url if remote else None,
+                                         retriever_url=retrieval.url if remote else None,
                                          index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
     passages = None if remote else passages
     out = Path(out)
@@ -209,13 +214,15 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
 
 
 def agent_settings(cfg: TrainConfig) -> dict:
-    """The inference settings a checkpoint was trained for (written beside its weights as
-    ``kunlunlab_agent.json``; ``kunlunlab eval --model <folder>`` applies them unless told otherwise)."""
-    return {"method": cfg.eval.method, "top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars,
+    """The whole agent configuration a checkpoint was trained for: method, RDRA and STIE as configured, the
+    retrieval (index kind, embedder, passages per search and their length) and the evaluation's budgets.
+    Written beside its weights as ``kunlunlab_agent.json``; ``kunlunlab eval``, ``kunlunlab suite`` and
+    notebooks 05-07 apply it wherever they are not told otherwise, so a checkpoint is evaluated as trained."""
+    return {"method": cfg.eval.method, "index_kind": cfg.index_kind, "embedder": cfg.embedder,
+            "top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars,
             "max_turn_tokens": cfg.eval.max_turn_tokens, "max_total_tokens": cfg.eval.max_total_tokens,
-            "max_searches": 8, "stie_rounds": cfg.agent.stie.max_rounds,
-            "use_rdra": cfg.eval.method == "kunlun", "use_stie": cfg.eval.method == "kunlun",
-            "rdra": asdict(cfg.agent.rdra)}
+            "max_searches": 8, "use_rdra": cfg.eval.method == "kunlun", "use_stie": cfg.eval.method == "kunlun",
+            "rdra": asdict(cfg.agent.rdra), "stie": asdict(cfg.agent.stie)}
 
 
 class RunState:
@@ -237,26 +244,21 @@ class RunState:
         tmp.replace(self.path)
 
 
-def training_mixing(cfg: TrainConfig):
-    """The run's ``MixingConfig`` with the retrieval sizes and seed of the run (one place sets them)."""
-    from dataclasses import replace
-
-    return replace(cfg.mixing, top_k=cfg.top_k, max_result_chars=cfg.max_result_chars, seed=cfg.seed)
-
-
 def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real_search=None) -> list:
     """The mixed SFT trajectories of a training config (eqs. 14–16) with real retrieval: the world's gold
     chains and the HotpotQA training half, with RDRA backgrounds, plan samples and STIE feedback rounds as
     ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this.
     ``real_search``: the search of the configured retrieval service or saved index (``cfg.retrieval``), used
-    for every real source instead of an index built here over its corpus."""
+    for every real source instead of an index built here over its corpus. Result blocks hold the run's
+    ``top_k`` passages of ``max_result_chars``, as its rollouts do; ``cfg.seed`` draws the mix."""
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
     from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, mix
 
-    mixing = training_mixing(cfg)
+    mixing = cfg.mixing
     index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder)
     retriever = retriever or build_retriever(data.passages, index)
-    builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra)
+    sizes = {"top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars}
+    builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra, **sizes)
     sources = []
     rl_name = Path(cfg.data.rl_prompts).stem if cfg.data.rl_prompts else "rl_prompts"
     rl_sft = [ex for ex in data.rl_train if ex.supporting_titles and ex.context]  # a gold chain to walk
@@ -266,8 +268,9 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
                                              (rl_name, rl_sft, data.rl_passages, cfg.data.sft_share)):
         if questions and share > 0:  # each real source is searched in its own corpus, or through the service
             search = real_search or build_retriever(passages, index).search
-            sources.append(RealSource(name, TrajectoryBuilder(search, passages, mixing, cfg.agent.rdra), questions, share))
-    return mix(builder, data.train, mixing, sources)
+            sources.append(RealSource(name, TrajectoryBuilder(search, passages, mixing, cfg.agent.rdra, **sizes),
+                                      questions, share))
+    return mix(builder, data.train, mixing, sources, seed=cfg.seed)
 
 
 def training_plan(cfg: TrainConfig, world_size: int | None = None, check_hardware: bool = True) -> BatchPlan:
@@ -292,8 +295,10 @@ class RunFolderConflict(ValueError):
 
 
 def check_run_folder(cfg: TrainConfig, run_dir: Path) -> None:
-    """Refuses a folder whose ``train_config.json`` differs from ``cfg``: resuming there would silently hand
-    back the other run's models and overwrite its config."""
+    """Refuses a folder whose ``train_config.json`` differs from ``cfg`` in effect: resuming there would
+    silently hand back the other run's models and overwrite its config. A folder written before a key moved or
+    with other values in fields both configs leave inert (:func:`~kunlunlab.training.config.effective_settings`)
+    holds the same run and resumes."""
     saved = run_dir / "train_config.json"
     if not saved.is_file():
         return
@@ -302,7 +307,13 @@ def check_run_folder(cfg: TrainConfig, run_dir: Path) -> None:
         have = json.loads(saved.read_text())
     except json.JSONDecodeError as err:
         raise RunFolderConflict(f"{saved} is not readable JSON ({err}); use another run folder") from err
-    if have != want:
+    if have == want:
+        return
+    try:
+        same = effective_settings(config_from_dict(have, str(saved))) == effective_settings(cfg)
+    except (TypeError, ValueError):  # keys or values this version no longer reads: not the same run
+        same = False
+    if not same:
         changed = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
         raise RunFolderConflict(f"{run_dir} holds a training run of another config (differs in {changed}, "
                                 f"config hash {config_hash(have)} there vs {config_hash(want)}); pass a new run "
@@ -395,7 +406,7 @@ class TrainingRun:
             with (self.run_dir / "trajectories.jsonl").open("w") as f:
                 for t in self.trajectories:
                     f.write(json.dumps(t.to_dict()) + "\n")
-            (self.run_dir / "schedule.json").write_text(json.dumps(schedule(training_mixing(self.cfg)), indent=2))
+            (self.run_dir / "schedule.json").write_text(json.dumps(schedule(self.cfg.mixing), indent=2))
         self.stats_rows = data_stats(self.trajectories, self.tok)
         self.say(f"mixed {len(self.trajectories)} trajectories over {self.cfg.mixing.epochs} epochs")
         return self.trajectories
@@ -764,6 +775,6 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "training_mixing", "TrainingData", "TrainingRun", "agent_settings", "build_summary",
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "TrainingData", "TrainingRun", "agent_settings", "build_summary",
            "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train",
            "world_questions"]

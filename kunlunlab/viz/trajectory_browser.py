@@ -121,12 +121,13 @@ def _passages_html(text: str, title: str, kind: str = "result") -> str:
 # --- STIE ------------------------------------------------------------------------------------------
 
 def stie_config_for(model: str | None) -> STIEConfig:
-    """The STIE settings an evaluation of ``model`` ran with: the round budget from the checkpoint's
-    ``kunlunlab_agent.json`` (``stie_rounds``) when it has one, STIE's defaults otherwise, exactly as
-    :func:`kunlunlab.eval.harness.build_pipeline` builds them (without collection mode)."""
-    from kunlunlab.eval.harness import load_agent_settings
+    """The STIE settings an evaluation of ``model`` ran with: the checkpoint's (``kunlunlab_agent.json``:
+    its whole ``stie``, or the round budget ``stie_rounds`` of older files) where it has them, STIE's defaults
+    otherwise, exactly as :func:`kunlunlab.eval.harness.with_checkpoint_settings` resolves them for
+    :func:`kunlunlab.eval.harness.build_pipeline` (without collection mode)."""
+    from kunlunlab.eval.harness import EvalConfig, with_checkpoint_settings
 
-    return STIEConfig(max_rounds=load_agent_settings(model).get("stie_rounds", STIEConfig().max_rounds))
+    return with_checkpoint_settings(EvalConfig(model=model)).stie
 
 
 def stie_ran(trajectory: Mapping) -> bool:
