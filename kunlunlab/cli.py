@@ -293,7 +293,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     try:
         data = read_config_file(args.config, "suite config") if args.config else {}
         data = apply_overrides(data, args.set)
-        for key in ("model", "train_config", "device", "index_kind", "embedder"):  # a flag beats --config / --set
+        for key in ("model", "train_config", "device", "index_kind", "embedder", "retriever_url", "index_dir"):  # flags win
             if getattr(args, key) is not None:
                 data[key] = getattr(args, key)
         cfg = build_dataclass(SuiteConfig, data, "suite")
@@ -525,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint's train_config.json, whose held-out split is evaluated")
     q.add_argument("--device", default=None, help="where the checkpoint generates: auto (default: CUDA when "
                    "present), cpu, cuda, cuda:N")
+    q.add_argument("--retriever-url", default=None, help="the benchmarks' searches through this retrieval service "
+                   "(POST /retrieve); the synthetic world keeps its own index")
+    q.add_argument("--index", dest="index_dir", default=None, help="or through this saved index folder")
     q.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
                    help="the index built over each corpus" + ckpt % "flat")
     q.add_argument("--embedder", default=None, help="hub id or local path" + ckpt % "the embedded all-MiniLM-L6-v2")

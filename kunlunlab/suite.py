@@ -55,6 +55,9 @@ class SuiteConfig:
     embedder: str | None = None       # None: the checkpoint's, else the embedded all-MiniLM-L6-v2 (which
                                       # "all-MiniLM-L6-v2" names explicitly, over a checkpoint's other one)
     device: str = "auto"              # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
+    retriever_url: str | None = None  # the benchmarks' searches through this service (POST /retrieve); the
+                                      # synthetic world keeps its in-process index (its passages are in no service)
+    index_dir: str | None = None      # or through this saved index folder (kunlunlab build-index)
     batch_size: int = 20              # questions per generation batch: 20 world questions in one batch took
                                       # 57.9 s against 83.2 s in two of 10 (2-core CPU, 2026-11-25)
     n_resamples: int = 2000           # paired-bootstrap resamples behind every interval of the tables
@@ -166,17 +169,22 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
                  f"searches {summary['searches_per_question']:.2f} ({time.perf_counter() - t0:.0f} s)")
         return [json.loads(line) for line in path.read_text().splitlines()]
 
+    remote = {"retriever_url": cfg.retriever_url, "index_dir": cfg.index_dir}
     for dataset, (examples, passages) in suite_data(cfg).items():
         if not examples:
             continue
-        passages = passages if passages is not None else resolve_corpus(base, examples)
+        where = remote if dataset != "world" and (cfg.retriever_url or cfg.index_dir) else {}
+        if where:  # the service's or saved index's own corpus: nothing is indexed here
+            passages = None
+        else:
+            passages = passages if passages is not None else resolve_corpus(base, examples)
         per_method = result.records.setdefault(dataset, {})
         for method in (*cfg.baselines, cfg.method):
-            per_method[method] = run(dataset, method, examples, passages, method=method)
+            per_method[method] = run(dataset, method, examples, passages, method=method, **where)
         if dataset in cfg.ablation_datasets:
             variants = result.ablations.setdefault(dataset, {cfg.method: per_method[cfg.method]})
             for name in cfg.ablations:
-                variants[name] = run(dataset, name, examples, passages, **ABLATIONS[name])
+                variants[name] = run(dataset, name, examples, passages, **ABLATIONS[name], **where)
         if dataset == "world" and cfg.nlr:
             variants = result.ablations.setdefault(dataset, {cfg.method: per_method[cfg.method]})
             result.router = _nlr_rows(cfg, base, passages, examples, out_dir, variants, run, progress,

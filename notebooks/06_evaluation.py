@@ -47,6 +47,7 @@ judge_url = None
 index_kind = None          # None: the checkpoint's (kunlunlab_agent.json), else flat
 embedder = None            # None: the checkpoint's, else the embedded all-MiniLM-L6-v2
 device = "auto"            # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
+retriever_url = None       # the benchmarks' searches through this retrieval service; None: their own corpora here
 batch_size = 20            # questions per generation batch
 training_runs = {}         # training ablations: label -> `kunlunlab train` run folder; the first is the reference
 n_resamples = 2000
@@ -77,7 +78,8 @@ cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baseli
                   world_questions=world_questions, hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
                   nlr_latency_ms=nlr_latency_ms, judge=judge, judge_url=judge_url, index_kind=index_kind,
-                  embedder=embedder, device=device, batch_size=batch_size, n_resamples=n_resamples, seed=seed)
+                  embedder=embedder, device=device, retriever_url=retriever_url, batch_size=batch_size,
+                  n_resamples=n_resamples, seed=seed)
 
 # %% [markdown]
 # ## Run every method on every dataset, then the ablations

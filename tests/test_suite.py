@@ -75,3 +75,34 @@ def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
     # only question 0 differs (1 -> 0): Δ = -25 points, and no resample can rise above 0
     assert ablation_rows[1][5].startswith("-25.0 [") and ablation_rows[1][5].endswith(", +0.0]")
     assert ablation_rows[1][6] == "no measurable effect at this scale"
+
+
+def test_the_benchmarks_search_the_service_and_the_world_its_own_index(tmp_path, data_dir, backend):
+    """``retriever_url``: every search of a benchmark row reaches the service; the synthetic world, whose
+    passages no service holds, keeps its in-process index."""
+    from kunlunlab.data.loaders import load_named_corpus
+    from kunlunlab.retrieval import IndexConfig, build_retriever
+    from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread
+    from kunlunlab.suite import run_suite
+    from scripted import ScriptedBackend
+
+    served = build_retriever(load_named_corpus("hotpotqa_distractor"), IndexConfig(kind="bm25"))
+    received: list[str] = []
+    search = served.search
+
+    def counted(queries, k=5):
+        received.extend(q for q in queries if q != WARMUP_QUERY)
+        return search(queries, k)
+
+    served.search = counted
+    scripted = ScriptedBackend(backend.tokenizer, {r: ["<answer>x</answer>"] * 8 for r in range(4)})
+    with ServiceThread(served) as url:
+        cfg = SuiteConfig(method="naive_rag", baselines=(), datasets=("world", "hotpotqa_distractor"),
+                          world_questions=2, hotpot_questions=2, ablations=(), nlr=False, index_kind="bm25",
+                          retriever_url=url)
+        result = run_suite(cfg, tmp_path, backend=scripted, progress=lambda line: None)
+    hotpot = result.records["hotpotqa_distractor"]["naive_rag"]
+    world = result.records["world"]["naive_rag"]
+    assert len(hotpot) == len(world) == 2
+    assert sorted(received) == sorted(r["question"] for r in hotpot)  # naive RAG: one search, the question
+    assert not {r["question"] for r in world} & set(received)
