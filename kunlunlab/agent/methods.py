@@ -4,7 +4,8 @@
 ``naive_rag``   Naive RAG: top-k passages for the question, then answer.
 ``iter_retgen`` Iter-RetGen (Shao et al., 2023): retrieve with question + last generation, T times.
 ``ircot``       IRCoT (Trivedi et al., 2023): one reasoning sentence, retrieve with it, repeat.
-``search_o1``   a Search-o1-style agentic prompt on the multi-turn rollout engine.
+``search_o1``   Search-o1 (Li et al., 2025): the agentic search prompt, each search's documents condensed by the
+                model (Reason-in-Documents, :mod:`kunlunlab.agent.search_o1`) before they enter the chain.
 ``agent``       the search-think protocol agent alone (no RDRA/STIE/NLR), an ablation.
 ``kunlun``      KunLunBaizeRAG: RDRA background, the search-think agent, STIE over answer rounds,
                 NLR routing when a network tier is given.
@@ -21,6 +22,7 @@ from kunlunlab.agent.protocol import (DIRECT_SYSTEM, DOCS_USER_TEMPLATE, IRCOT_S
                                       numbered_docs)
 from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
+from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
 from kunlunlab.agent.stie import STIEConfig, STIEController
 from kunlunlab.retrieval.service import RetrievalServiceError
 
@@ -37,6 +39,7 @@ class MethodConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rdra: RDRAConfig = field(default_factory=RDRAConfig)
     stie: STIEConfig = field(default_factory=STIEConfig)
+    reason_in_documents: ReasonInDocumentsConfig = field(default_factory=ReasonInDocumentsConfig)  # search_o1
     use_rdra: bool = True
     use_stie: bool = True
 
@@ -166,8 +169,11 @@ class IRCoT(Method):
 class _RolloutMethod(Method):
     system_prompt = SYSTEM_PROMPT
 
+    def _engine(self) -> RolloutEngine:
+        return RolloutEngine(self.backend, self.search, self.config.rollout)
+
     def _rollout(self, questions: list[str], backgrounds: list[str | None], controller=None):
-        engine = RolloutEngine(self.backend, self.search, self.config.rollout)
+        engine = self._engine()
         prompts = [chat_prompt_ids(self.tok, build_messages(q, b, self.system_prompt), self.config.assistant_prefix)
                    for q, b in zip(questions, backgrounds)]
         trajs = engine.run(prompts, questions, controller, [self.config.assistant_prefix] * len(questions))
@@ -185,9 +191,8 @@ def _prediction(answer: str | None, trajectory) -> tuple[str | None, str]:
     return extract_final_answer(model_text.replace("<|im_end|>", "")), "fallback"
 
 
-class SearchO1(_RolloutMethod):
-    name = "search_o1"
-    system_prompt = SEARCH_O1_SYSTEM
+class SearchThinkAgent(_RolloutMethod):
+    name = "agent"
 
     def run(self, questions):
         out = []
@@ -198,9 +203,16 @@ class SearchO1(_RolloutMethod):
         return out
 
 
-class SearchThinkAgent(SearchO1):
-    name = "agent"
-    system_prompt = SYSTEM_PROMPT
+class SearchO1(SearchThinkAgent):
+    """Search-o1 with Reason-in-Documents (:class:`~kunlunlab.agent.search_o1.SearchO1Engine`; its departures
+    from the authors' code are named there). ``MethodConfig.reason_in_documents`` sets the analysis budget; the
+    chain's budgets are the rollout's, the same as the other agents'."""
+
+    name = "search_o1"
+    system_prompt = SEARCH_O1_SYSTEM
+
+    def _engine(self) -> SearchO1Engine:
+        return SearchO1Engine(self.backend, self.search, self.config.rollout, self.config.reason_in_documents)
 
 
 class KunLun(_RolloutMethod):

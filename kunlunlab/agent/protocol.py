@@ -173,8 +173,9 @@ IRCOT_SYSTEM = ("Answer the question by reasoning step by step, one short senten
 SEARCH_O1_SYSTEM = (
     "You are a reasoning assistant with the ability to perform web searches to help you answer the user's question "
     "accurately. Whenever you need outside knowledge, write <search> <query>your query</query> </search>; the system "
-    "returns the relevant documents inside <result> </result>. You can repeat the search process multiple times. "
-    "Reason about the documents inside <think> </think>, and once you have all the information you need, write the "
+    "searches, reads the documents it finds and returns the helpful information inside <result> </result>. You can "
+    "repeat the search process multiple times. "
+    "Reason about the information inside <think> </think>, and once you have all the information you need, write the "
     "final answer as <short_answer>\\boxed{answer}</short_answer>."
 )
 PLAN_SYSTEM = ("Before answering, plan the research. List the facts that must be looked up to answer the question, "
