@@ -26,7 +26,7 @@
 # the 2Wiki paragraphs + HotpotQA contexts, an open corpus that does not cover every question).
 #
 # **Methods** (`kunlunlab/agent/methods.py`): Naive Generation (the question alone), Naive RAG (top-k
-# passages, then answer), Iter-RetGen, IRCoT, a Search-o1-style agent, and `kunlun` (RDRA background §2.1 →
+# passages, then answer), Iter-RetGen, IRCoT, Search-o1 (with its Reason-in-Documents step), and `kunlun` (RDRA background §2.1 →
 # search-think agent → STIE over answer rounds §2.2).
 
 # %% tags=["parameters"]

@@ -1,6 +1,7 @@
 """Search-o1's Reason-in-Documents: what the condensation call is given, that the chain continues with the
 condensed text and not the raw passages, one batched call per turn, budgets, and the embedded model end to end."""
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +11,8 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import (NO_INFORMATION, ReasonInDocumentsConfig, extract_information,
                                        previous_reasoning, reason_in_documents)
 from kunlunlab.agent.server import create_app
-from kunlunlab.eval.harness import title_recall_curve
+from kunlunlab.configs import apply_overrides, build_dataclass
+from kunlunlab.eval.harness import EvalConfig, build_pipeline, title_recall_curve
 from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import RetrievalServiceError, ServiceThread
 from scripted import CharTokenizer, CountingSearch, PrefixScriptedBackend
@@ -197,3 +199,14 @@ def test_embedded_model_smoke_on_two_world_questions(backend, questions, world_r
         assert first["analysis_tokens"][0] <= 32
         assert first["text"] not in first["documents"]  # the chain got the analysis, not the result block
         assert len(t["mask"]) == len(t["completion_ids"])
+
+
+def test_eval_configs_reason_in_documents_budget_reaches_the_method():
+    """`kunlunlab eval --set reason_in_documents.max_tokens=64` sets the condensed analysis's budget."""
+
+    config = build_dataclass(EvalConfig, apply_overrides({"dataset": "world", "method": "search_o1",
+                                                          "index_kind": "bm25"},
+                                                         ["reason_in_documents.max_tokens=64"]))
+    method, _, _ = build_pipeline(config, None, backend=SimpleNamespace(tokenizer=None, name="stub"),
+                                  retriever=SimpleNamespace(search=None))
+    assert method.config.reason_in_documents.max_tokens == 64

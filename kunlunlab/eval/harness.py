@@ -64,6 +64,7 @@ from kunlunlab.agent.methods import METHODS
 from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
+from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
@@ -123,6 +124,8 @@ class EvalConfig:
     use_rdra: bool = True           # kunlun only: the RDRA background step (off: an ablation)
     use_stie: bool = True           # kunlun only: STIE over answer rounds (off: an ablation)
     rdra: RDRAConfig = field(default_factory=RDRAConfig)  # kunlun only: RDRA's retrieval and planning sizes
+    # search_o1 only: Search-o1's Reason-in-Documents step (the condensed analysis's token budget, steps kept)
+    reason_in_documents: ReasonInDocumentsConfig = field(default_factory=ReasonInDocumentsConfig)
     stie_collect: bool = False      # generate every STIE round (no early stop), to tune STIE on cached rounds
     network_url: str | None = None  # retrieval service for NLR's network tier
     router: str | None = None       # a trained NLR policy (RoutingPolicy.save); without one: "both"
@@ -397,7 +400,8 @@ def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=N
                                     fixed_action=None if policy else "both")
     stie = replace(config.stie, **COLLECT_ALL_ROUNDS) if config.stie_collect else config.stie
     method_config = MethodConfig(top_k=config.rollout.top_k, rollout=config.rollout, rdra=config.rdra, stie=stie,
-                                 use_rdra=config.use_rdra, use_stie=config.use_stie)
+                                 use_rdra=config.use_rdra, use_stie=config.use_stie,
+                                 reason_in_documents=config.reason_in_documents)
     return make_method(config.method, backend, search, method_config), retriever, backend
 
 
