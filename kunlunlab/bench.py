@@ -2,6 +2,7 @@
 
     python -m kunlunlab.bench retrieval [--n 100000] [--mode world|gaussian] [--queries 1000]
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
+    python -m kunlunlab.bench answer-block [--batch 8] [--tokens 32] [--repeats 3]
     python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
     python -m kunlunlab.bench encode [--n 10000] [--precisions float32,onnx,bfloat16,int8]
     python -m kunlunlab.bench build [--n 10000] [--index-n 1000000] [--engine stream|ray]
@@ -20,6 +21,16 @@ number of tokens per row on the same model and prompts; plus retrieval time per 
 per round. The embedded model does not search on its own before training, so the benchmark opens
 each turn with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model
 writes, the retrieval calls and the appended results are all real.
+
+``answer-block``: the cost of STIE's generation block (eq. 13) in the local session. One batch, half of the
+rows opened inside an answer box (``<short_answer>\\boxed{``), half before a search; passes interleaved over
+three modes: ``none`` (no row blocked: the path of every row without blocked answers), ``answering`` (the
+rows inside the box carry the block of an answer repeated K times, from a real STIE controller) and ``all``
+(every row carries it). Generated tokens/s per mode (median of ``--repeats`` passes), the ratio to ``none``,
+the host time of the block's checks per step and its share of the pass (the load-independent figure), and
+whether the rows without a block generated the same tokens as in ``none``. One torch thread by default:
+with two on the shared 2-core machine single passes varied 0.8-54 s (OpenMP threads spinning against other
+jobs), with one 0.77-1.32 s.
 
 ``exact-search``: exact top-k of one batch of queries over N random unit vectors by the flat index on a
 device (FAISS on the CPU; on a GPU faiss-gpu or torch's matrix product in float16/bfloat16), the vectors
@@ -240,6 +251,83 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
             "retrieval_ms_per_call": round(1000 * engine.stats.retrieve_s / max(1, engine.stats.retrieval_calls), 2),
             "retrieval_calls": engine.stats.retrieval_calls,
             "stie_ms_per_round": round(stie_ms, 4), "threads": torch.get_num_threads()}
+
+
+@dataclass
+class AnswerBlockBenchConfig:
+    batch: int = 8           # half the rows open an answer box, half a search
+    tokens: int = 32         # generated tokens per row and pass (stop strings off)
+    repeats: int = 5         # passes per mode, interleaved; the median is reported
+    threads: int = 1         # torch threads: on a shared 2-core machine 2 threads spin against other jobs
+    model: str | None = None
+    seed: int = 0
+
+
+def bench_answer_block(cfg: AnswerBlockBenchConfig) -> dict:
+    """See the module docstring; torch's thread count is restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _bench_answer_block(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench_answer_block(cfg: AnswerBlockBenchConfig) -> dict:
+    import torch
+
+    from kunlunlab.agent.backends import TransformersBackend, chat_prompt_ids
+    from kunlunlab.agent.protocol import build_messages
+    from kunlunlab.agent.stie import RoundInput, STIEController
+    from kunlunlab.data.questions import make_questions
+    from kunlunlab.data.world import World
+
+    torch.manual_seed(cfg.seed)
+    backend = TransformersBackend(cfg.model)
+    world = World.generate(n_passages=200, seed=cfg.seed)
+    questions = [q.question for q in make_questions(world, cfg.batch, seed=cfg.seed + 1)]
+    openers = ["<think>I know this.</think>\n<short_answer>\\boxed{", "<think>I need to look this up.</think>\n<search>"]
+    prompts = [chat_prompt_ids(backend.tokenizer, build_messages(q), openers[i % 2]) for i, q in enumerate(questions)]
+    controller = STIEController()
+    for k in range(controller.config.repeat_k):  # one answer K times: eq. (13) blocks it
+        controller.step(0, RoundInput(world.passages[0].title, 0.5, [str(k)]))
+    block = controller.answer_block(0)
+    answering = [i for i in range(cfg.batch) if i % 2 == 0]
+    modes = {"none": [], "answering": answering, "all": list(range(cfg.batch))}
+    backend.answer_closers()  # the one-time vocabulary scan is not part of a pass
+
+    def one_pass(rows: list[int]) -> tuple[float, float, dict]:
+        session = backend.open(prompts)
+        session.block_answers({i: block for i in rows})
+        start = time.perf_counter()
+        out = session.generate(range(cfg.batch), cfg.tokens, stop=())
+        return time.perf_counter() - start, session.block_check_s, out
+
+    one_pass([])  # warm-up
+    seconds, checks = {m: [] for m in modes}, {m: [] for m in modes}
+    outputs = {}
+    for _ in range(cfg.repeats):
+        for mode, rows in modes.items():
+            elapsed, check, out = one_pass(rows)
+            seconds[mode].append(elapsed)
+            checks[mode].append(check)
+            outputs[mode] = out
+    tokens = {m: sum(len(seg.token_ids) for seg in outputs[m].values()) for m in modes}
+    per_s = {m: tokens[m] / float(np.median(seconds[m])) for m in modes}
+    unblocked = [i for i in range(cfg.batch) if i not in answering]
+    return {"batch": cfg.batch, "tokens_per_row": cfg.tokens, "repeats": cfg.repeats, "blocked": list(block.answers),
+            **{f"tokens_per_s_{m}": round(per_s[m], 2) for m in modes},
+            **{f"ratio_{m}": round(per_s[m] / per_s["none"], 3) for m in modes if m != "none"},
+            "seconds": {m: [round(x, 3) for x in seconds[m]] for m in modes},
+            # the host work of the block itself, per generation step, and its share of the pass: robust to load
+            **{f"block_check_ms_per_step_{m}": round(1000 * float(np.median(checks[m])) / cfg.tokens, 3) for m in modes},
+            **{f"block_check_share_{m}": round(sum(checks[m]) / sum(seconds[m]), 4) for m in modes},
+            "interventions_answering": sum(seg.interventions for seg in outputs["answering"].values()),
+            "unblocked_rows_unchanged": all(outputs["answering"][i].token_ids == outputs["none"][i].token_ids
+                                            for i in unblocked),
+            "threads": torch.get_num_threads()}
 
 
 @dataclass
@@ -714,6 +802,10 @@ def main(argv: list[str] | None = None) -> int:
     rollout_defaults = RolloutBenchConfig()
     for name, value in asdict(rollout_defaults).items():
         o.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    a = sub.add_parser("answer-block", help="cost of STIE's generation block (eq. 13) in the local session")
+    block_defaults = AnswerBlockBenchConfig()
+    for name, value in asdict(block_defaults).items():
+        a.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
     e = sub.add_parser("encode", help="query encoding: queries/s at batch 1/8/64 per precision, recall@10 change")
     encode_defaults = EncodeBenchConfig()
     for name, value in asdict(encode_defaults).items():
@@ -739,6 +831,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m kunlunlab.bench exact-search: {err}", file=sys.stderr)
             return 2
         print(json.dumps(result))
+        return 0
+    if args.which == "answer-block":
+        cfg = AnswerBlockBenchConfig(**{k: getattr(args, k) for k in asdict(block_defaults)})
+        print(json.dumps(bench_answer_block(cfg)))
         return 0
     if args.which == "build":
         print(json.dumps(bench_build(BuildBenchConfig(**{k: getattr(args, k) for k in asdict(build_defaults)}))))

@@ -1,6 +1,9 @@
-"""Test doubles shared by the rollout, STIE and RDRA tests: a backend that replays scripted turns and a
-search function that counts its calls."""
+"""Test doubles shared by the rollout, STIE and RDRA tests: a backend that replays scripted turns, a search
+function that counts its calls, and a policy model that runs inside the real local session."""
 import math
+from types import SimpleNamespace
+
+import torch
 
 from kunlunlab.agent.backends import Segment, text_ids
 from kunlunlab.retrieval.retriever import Hit
@@ -9,13 +12,14 @@ from kunlunlab.retrieval.retriever import Hit
 class ScriptedBackend:
     """Each row replays its scripted turns. A turn is a text (every token gets log-prob -0.5) or a
     ``(text, confidence)`` pair (every token gets log-prob ln(confidence), so the engine's round confidence,
-    exp of the mean log-prob, is that confidence). It records what the engine appends."""
+    exp of the mean log-prob, is that confidence). It records what the engine appends, and the answer blocks it
+    is handed (``blocks``: row -> [(turn index, block)]), which a replay cannot enforce (``block_answers`` says so)."""
 
     name = "scripted"
 
     def __init__(self, tokenizer, scripts):
         self.tokenizer, self.scripts = tokenizer, scripts
-        self.appended, self.turn_of = {}, {}
+        self.appended, self.turn_of, self.blocks = {}, {}, {}
 
     def open(self, prompts, sampling=None):
         outer = self
@@ -41,6 +45,11 @@ class ScriptedBackend:
 
             def release(self, rows):
                 pass
+
+            def block_answers(self, blocks):
+                for r, block in blocks.items():
+                    outer.blocks.setdefault(r, []).append((outer.turn_of.get(r, 0), block))
+                return False
 
         return Session()
 
@@ -121,3 +130,37 @@ class PrefixScriptedBackend:
                 pass
 
         return Session()
+
+
+class PolicyModel(torch.nn.Module):
+    """A stand-in for a causal LM that runs inside the real :class:`~kunlunlab.agent.backends.TransformersSession`
+    (KV cache, masking, sampling), for tests of generation constraints: its next-token logits are a function of
+    the row's whole text. ``policy(text)`` returns ranked ``(turn text, score)`` targets for the turn being written;
+    every target that extends what the turn holds so far (the text after the last ``</result>`` block, or after the
+    prompt's first line) scores its next token (the first token of its remaining text); all other tokens score 0.
+    The row's token history is kept in the session's own cache (ids as float keys), so release, compaction and
+    appends act on it as on a real model's."""
+
+    def __init__(self, tokenizer, policy):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the backend reads device and dtype from it
+        self.tokenizer, self.policy, self.vocab = tokenizer, policy, len(tokenizer)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=True, logits_to_keep=1,
+                past_key_values=None):
+        ids = input_ids.to(torch.float32)[:, None, :, None]
+        keys, _ = past_key_values.update(ids, ids, 0)
+        rows = []
+        for b in range(keys.shape[0]):
+            history = keys[b, 0, :, 0][attention_mask[b].bool()].long().tolist()
+            rows.append(self.next_logits(self.tokenizer.decode(history, skip_special_tokens=False)))
+        return SimpleNamespace(logits=torch.stack(rows)[:, None, :])
+
+    def next_logits(self, text: str):
+        logits = torch.zeros(self.vocab)
+        _, _, turn = text.rpartition("</result>\n") if "</result>\n" in text else text.partition("\n")
+        for target, score in self.policy(text):
+            if target.startswith(turn) and len(target) > len(turn):
+                tid = text_ids(self.tokenizer, target[len(turn):])[0]
+                logits[tid] = max(float(logits[tid]), score)
+        return logits

@@ -1,7 +1,10 @@
 """STIE inside the rollout engine: scripted rows (search, answer, search, answer, …) run through
 ``RolloutEngine.run`` with an ``STIEController``; checks the feedback blocks appended as environment
-tokens, where each row stops, and the final answers. Expected values are worked out by hand below,
+tokens, where each row stops, the final answers, and eq. (13)'s block handed to a session that cannot enforce
+it (the scripted replay, like the OpenAI-compatible session). Expected values are worked out by hand below,
 with W("Saint Louis") = {saint, louis}, W("Saint Petersburg") = {saint, peter}: O = 1/3, D = 2/3."""
+import logging
+
 import pytest
 
 from kunlunlab.agent.backends import text_ids
@@ -113,3 +116,17 @@ def test_confident_and_no_new_information_stops(run):
     t = trajs[3]
     assert len(t.rounds) == 2 and t.rounds[1].doc_ids == [] and t.finish == "controller"
     assert controller.final_answer(3) == "Oslo"
+
+
+def test_a_block_the_session_cannot_enforce_is_reported_and_its_repeat_marked(tokenizer, caplog):
+    """Row 0 alone: n(Saint Petersburg) = 3 = K after round 4 (rounds 2-4), so eq. (13)'s block is handed to the
+    session after turn 8 (round 4's answer); the replay cannot enforce it, round 5 repeats the answer."""
+    backend = ScriptedBackend(tokenizer, SCRIPTS[:1])
+    engine = RolloutEngine(backend, CountingSearch(), RolloutConfig(top_k=1, max_total_tokens=4096))
+    with caplog.at_level(logging.WARNING):
+        trajs = engine.run([[1]], ["q0"], controller=STIEController(STIEConfig()), prefixes=[PREFIX])
+    assert [(turn, block.answers) for turn, block in backend.blocks[0]] == [(8, ("Saint Petersburg",))]
+    assert [r.answer for r in trajs[0].rounds][-1] == "Saint Petersburg" and trajs[0].issues == ["blocked_answer"]
+    s = engine.stats
+    assert (s.blocked_rounds, s.blocked_answer_repeats, s.unenforced_blocks, s.answer_interventions) == (1, 1, 1, 0)
+    assert sum("cannot constrain generation" in r.message for r in caplog.records) == 1

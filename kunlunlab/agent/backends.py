@@ -9,6 +9,24 @@ The local session keeps one KV cache for the whole multi-turn rollout: appended 
 prefilled into that cache and never re-encoded, rows that wait for others leave masked holes in
 the attention mask (their positions do not advance), and finished rows are compacted out of the
 batch. This is why a multi-turn rollout runs at close to the speed of plain batched generation.
+
+Answer blocks (:meth:`TransformersSession.block_answers`, fed by the rollout engine from STIE's eq. 13): a
+row may be given an :class:`AnswerBlock`. While the row is inside an answer span (``<short_answer>`` /
+``<long_answer>``, :func:`~kunlunlab.agent.protocol.open_answer`), two sets of tokens are masked on the
+device before sampling:
+
+1. the bad-words constraint of the blocked spellings: inside a ``\\boxed{``, the last token of each
+   spelling's token path (with and without a leading space) where the box's content so far is the rest of
+   that path, as transformers' ``NoBadWordsLogitsProcessor`` bans a sequence's last token. The model's own earlier answers took these
+   paths, so a repeat is turned away before its words are complete, while it can still choose another
+   answer ("Saint" stays open to "Saint Louis" when "Saint Petersburg" is blocked);
+2. the closure guard for every other spelling: a token that would end the answer (a ``}`` balancing the
+   box's braces; before any box, one that begins a tag, or EOS) on an answer ``AnswerBlock.rejects``.
+   So no spelling of a blocked answer can be completed, whatever the tokenisation; a model that has written
+   one inside the box must continue it into an answer the block lets through.
+
+Rows without a block cost nothing per step (no decode, no mask). The OpenAI-compatible session cannot apply it
+(:meth:`OpenAISession.block_answers`) and says so.
 """
 from __future__ import annotations
 
@@ -16,13 +34,18 @@ import contextlib
 import functools
 import inspect
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
-from kunlunlab.agent.protocol import STOP_STRINGS
+from kunlunlab.agent.protocol import STOP_STRINGS, open_answer
 
 # Stop strings are at most ~16 characters; this many trailing tokens always cover one.
 _STOP_WINDOW = 24
+# Tokens of a row's text before a generate call that an answer block reads with the call's tokens (a prompt or an
+# appended block may end inside an opened answer: "…<short_answer>\\boxed{Saint"); cut after the last turn end.
+_LEAD_WINDOW = 32
+_TURN_ENDS = STOP_STRINGS + ("</result>",)
 
 
 @dataclass
@@ -36,6 +59,15 @@ class SamplingConfig:
             raise ValueError(f"invalid sampling config: temperature={self.temperature}, top_p={self.top_p}")
 
 
+@dataclass(frozen=True)
+class AnswerBlock:
+    """Answers a row may not generate (again) inside the answer tags: ``answers``, the spellings whose token
+    paths are banned, and ``rejects``, true for any answer the row may not end on (see the module docstring)."""
+
+    answers: tuple[str, ...]
+    rejects: Callable[[str], bool]
+
+
 @dataclass
 class Segment:
     """What one row generated in one call: token ids as sampled, their log-probabilities, and why it stopped."""
@@ -45,6 +77,7 @@ class Segment:
     text: str
     finish: str  # "stop" (a stop string), "eos", "length"
     stop_string: str | None = None
+    interventions: int = 0  # steps where the row's answer block banned the token with the highest logit
 
     @property
     def mean_logprob(self) -> float:
@@ -58,6 +91,10 @@ class GenerationSession(Protocol):
     def append(self, tokens: dict[int, list[int]]) -> None: ...
 
     def release(self, rows: Sequence[int]) -> None: ...
+
+    def block_answers(self, blocks: dict[int, AnswerBlock | None]) -> bool:
+        """Sets (None: lifts) each row's answer block for its later ``generate`` calls; returns whether the
+        session enforces it (False: it cannot, the caller must say so)."""
 
 
 class Backend(Protocol):
@@ -95,6 +132,20 @@ def _eos_ids(tokenizer) -> set[int]:
         if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
             ids.add(tid)
     return ids
+
+
+def _answer_closers(tokenizer, eos_ids: set[int]) -> list[tuple[str, list[int]]]:
+    """Every token that can end an answer, grouped by its text: those whose text holds a ``}`` (closing a
+    ``\\boxed{``) or a ``<`` (beginning the answer's closing tag), and EOS (as ``"<"``: the text ends there).
+    One decode of the vocabulary (49k tokens: ~0.6 s), done on a backend's first answer block."""
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    groups: dict[str, list[int]] = {}
+    for i, piece in enumerate(pieces):
+        if i in eos_ids:
+            groups.setdefault(piece if "<" in piece else "<", []).append(i)
+        elif "}" in piece or "<" in piece:
+            groups.setdefault(piece, []).append(i)
+    return list(groups.items())
 
 
 def _find_stop(tokenizer, ids: list[int], stop: Sequence[str]) -> str | None:
@@ -253,6 +304,13 @@ class TransformersBackend:
         self.name = name or "smollm2-135m-instruct"
         self.eos_ids = _eos_ids(tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._closers: list[tuple[str, list[int]]] | None = None
+
+    def answer_closers(self) -> list[tuple[str, list[int]]]:
+        """:func:`_answer_closers` of this backend's tokenizer, computed once, when first needed."""
+        if self._closers is None:
+            self._closers = _answer_closers(self.tokenizer, self.eos_ids)
+        return self._closers
 
     @property
     def device(self):
@@ -279,6 +337,10 @@ class TransformersSession:
         self.device = backend.device
         self.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         self.slots = list(range(len(prompts)))  # slot -> row id; compaction removes slots
+        # row -> its answer block and the banned token paths of its spellings, (text before the last token, last token)
+        self.blocks: dict[int, tuple[AnswerBlock, list[tuple[str, int]]]] = {}
+        self.block_check_s = 0.0  # host time spent finding the blocks' banned tokens (bench answer-block)
+        self.leads = {i: list(p[-_LEAD_WINDOW:]) for i, p in enumerate(prompts)}  # each row's last fed tokens
         self.cache = _growing_cache_class()()
         shared = _shared_prefix_length(prompts)
         if shared:
@@ -325,17 +387,57 @@ class TransformersSession:
     def _slot(self, row: int) -> int:
         return self.slots.index(row)
 
-    def _sample(self, logits):
+    def _answer_bans(self, active: dict[int, int], gen: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+        """(slots, token ids) the answer blocks ban at this step: for each active row with a block that is inside
+        an answer span, the last tokens of the blocked spellings' paths and the tokens that would end the answer
+        as one its block rejects (module docstring)."""
+        slots, ids = [], []
+        for slot, row in active.items():
+            if row not in self.blocks:
+                continue
+            block, paths = self.blocks[row]
+            text = self.backend.tokenizer.decode(self.leads[row] + gen[row], skip_special_tokens=False)
+            cut = max(text.rfind(end) + len(end) if end in text else 0 for end in _TURN_ENDS)
+            state = open_answer(text[cut:])
+            if state is None:
+                continue
+            for before, last in paths if state.depth else ():  # token paths: inside a box only
+                if state.text == before:
+                    slots.append(slot)
+                    ids.append(last)
+            verdicts: dict[str, bool] = {}  # closers sharing the answer they would end share its verdict
+            for piece, token_ids in self.backend.answer_closers():
+                answer = state.closed_by(piece)
+                if answer is None:
+                    continue
+                if answer not in verdicts:
+                    verdicts[answer] = bool(answer) and block.rejects(answer)
+                if verdicts[answer]:
+                    slots.extend([slot] * len(token_ids))
+                    ids.extend(token_ids)
+        return slots, ids
+
+    def _sample(self, logits, bans: tuple[list[int], list[int]] | None = None):
+        """The next token of every slot and its log-probability. ``bans`` (slots, token ids) are masked to -inf
+        on the device before choosing; the log-probabilities stay the model's own, unmasked (as vLLM's default
+        ``raw_logprobs``), so STIE's confidence and the RL ratio see the policy. Returns (chosen, log-probs,
+        the slots whose highest-logit token was banned, or None without bans)."""
         torch = self.torch
         logprobs = torch.log_softmax(logits, dim=-1)
+        scores, intervened = logits, None
+        if bans and bans[0]:
+            rows = torch.tensor(bans[0], device=self.device)
+            cols = torch.tensor(bans[1], device=self.device)
+            scores = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=self.device))
+            intervened = rows[logits.argmax(-1)[rows] == cols]
         if self.sampling.temperature == 0:
-            chosen = logits.argmax(-1)
+            chosen = scores.argmax(-1)
         else:
-            scores = logits / self.sampling.temperature
+            scores = scores / self.sampling.temperature
             if self.top_p is not None:
                 scores = self.top_p(None, scores)
             chosen = torch.multinomial(torch.softmax(scores, -1), 1, generator=self.generator).squeeze(-1)
-        return chosen, logprobs.gather(-1, chosen[:, None]).squeeze(-1)
+        return chosen, logprobs.gather(-1, chosen[:, None]).squeeze(-1), intervened
 
     # -- the session interface ---------------------------------------------------------------------------------
     def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
@@ -347,9 +449,18 @@ class TransformersSession:
         gen: dict[int, list[int]] = {r: [] for r in rows}
         lps: dict[int, list[float]] = {r: [] for r in rows}
         finish: dict[int, tuple[str, str | None]] = {r: ("length", None) for r in rows}
+        interventions = dict.fromkeys(rows, 0)
         n = len(self.slots)
         while active:
-            chosen, logprob = self._sample(self.next_logits)
+            bans = None
+            if self.blocks:
+                t0 = time.perf_counter()
+                bans = self._answer_bans(active, gen)
+                self.block_check_s += time.perf_counter() - t0
+            chosen, logprob, intervened = self._sample(self.next_logits, bans)
+            if intervened is not None:
+                for slot in set(intervened.tolist()):
+                    interventions[self.slots[slot]] += 1
             live = torch.zeros(n, dtype=torch.bool, device=self.device)
             live[torch.tensor(list(active), device=self.device)] = True
             step_mask = live.long()[:, None]
@@ -380,8 +491,31 @@ class TransformersSession:
             self.tokens_processed += len(active)
             for slot in done:
                 del active[slot]
+        for r in rows:
+            self.leads[r] = (self.leads[r] + gen[r])[-_LEAD_WINDOW:]
         tok = self.backend.tokenizer
-        return {r: Segment(gen[r], lps[r], tok.decode(gen[r], skip_special_tokens=False), *finish[r]) for r in rows}
+        return {r: Segment(gen[r], lps[r], tok.decode(gen[r], skip_special_tokens=False), *finish[r],
+                           interventions=interventions[r]) for r in rows}
+
+    def block_answers(self, blocks: dict[int, AnswerBlock | None]) -> bool:
+        """Sets each row's answer block (None lifts it): from the next ``generate`` on, the row cannot end an
+        answer that its block rejects (module docstring). The answer span is read from the row's text since its
+        last turn end (a stop string or ``</result>``) among the last 32 tokens fed before the call (so a
+        prompt ending in ``<short_answer>\\boxed{`` counts) and the tokens of the call. Always enforced here:
+        returns True."""
+        tok = self.backend.tokenizer
+        for row, block in blocks.items():
+            if block is None:
+                self.blocks.pop(row, None)
+                continue
+            paths = set()
+            for answer in block.answers:
+                for spelling in (answer.strip(), " " + answer.strip()):
+                    ids = text_ids(tok, spelling)
+                    if ids:
+                        paths.add((tok.decode(ids[:-1], skip_special_tokens=False), ids[-1]))
+            self.blocks[row] = (block, sorted(paths))
+        return True
 
     def append(self, tokens: dict[int, list[int]]) -> None:
         """Prefills each row's appended tokens into the cache (left-padded within the chunk)."""
@@ -389,6 +523,8 @@ class TransformersSession:
         tokens = {r: t for r, t in tokens.items() if t}
         if not tokens:
             return
+        for row, toks in tokens.items():
+            self.leads[row] = (self.leads[row] + list(toks))[-_LEAD_WINDOW:]
         n, width = len(self.slots), max(len(t) for t in tokens.values())
         ids = torch.full((n, width), self.backend.pad_id, dtype=torch.long)
         chunk_mask = torch.zeros((n, width), dtype=torch.long)
@@ -409,6 +545,9 @@ class TransformersSession:
 
     def release(self, rows: Sequence[int]) -> None:
         """Rows that are done leave the batch (their cache rows are dropped), so later steps cost less."""
+        for row in rows:
+            self.blocks.pop(row, None)
+            self.leads.pop(row, None)
         gone = set(rows) & set(self.slots)
         if not gone:
             return
@@ -554,6 +693,14 @@ class OpenAISession:
     def release(self, rows: Sequence[int]) -> None:
         for r in rows:
             self.ids.pop(r, None)
+
+    def block_answers(self, blocks: dict[int, AnswerBlock | None]) -> bool:
+        """Not enforced: returns False. The ``/v1/completions`` API has no constraint that depends on where a row
+        stands in its text: ``logit_bias`` biases single tokens for the whole completion (banning ``}`` would
+        forbid every answer), and vLLM's ``bad_words`` bans a text everywhere, in the reasoning and the
+        queries too, in only the spellings it tokenises. The rollout engine logs the block as unenforced, keeps
+        STIE's feedback turn (which names the blocked answers) and marks a round that repeats one."""
+        return False
 
 
 def mean_confidence(logprobs: Sequence[float]) -> float:

@@ -74,6 +74,56 @@ def format_results(results: list[list[str]], queries: list[str] | None = None) -
     return RESULT_TEMPLATE.format(results="\n".join(lines) if lines else "(no results)")
 
 
+@dataclass(frozen=True)
+class OpenAnswer:
+    """An answer still being written at the end of a turn's text (:func:`open_answer`)."""
+
+    text: str   # the open ``\\boxed{`` content so far; with no box open, the span's text so far
+    depth: int  # braces the open box still needs closed (0: no box open)
+    inner: str | None  # the span's text so far when a tag or EOS would make parse_turn read all of it (no box closed)
+
+    def closed_by(self, piece: str) -> str | None:
+        """The answer :func:`parse_turn` reads if ``piece`` comes next and ends the answer: the box's content
+        when ``piece`` balances the open box's braces; the span's text with tags stripped (the reading of an
+        answer without a closed box) when ``piece`` begins a tag, the closing one or any other after which the
+        model could close it (EOS: pass ``"<"``). None when ``piece`` leaves the answer open."""
+        depth = self.depth
+        for j, ch in enumerate(piece):
+            if ch == "<" and self.inner is not None:
+                return re.sub(r"<[^>]+>", " ", self.inner + piece[:j]).strip()
+            if depth:
+                depth += (ch == "{") - (ch == "}")
+                if depth == 0:
+                    return (self.text + piece[:j]).strip()
+        return None
+
+
+def open_answer(text: str) -> OpenAnswer | None:
+    """Where a turn's ``text`` stands inside its answer, as :func:`parse_turn` would read it: None outside an
+    answer (no answer tag yet, a search first, the answer tag closed, or its last ``\\boxed{…}`` closed);
+    else an :class:`OpenAnswer`. Generation constraints on the answer span (STIE's block, eq. 13) use it."""
+    first_search = text.find("<search>")
+    starts = [(p, tag) for tag in ANSWER_TAGS if (p := text.find(f"<{tag}>")) != -1]
+    if not starts:
+        return None
+    pos, tag = min(starts)
+    if first_search != -1 and first_search < pos:
+        return None
+    inner = text[pos + len(tag) + 2:]
+    if f"</{tag}>" in inner:
+        return None
+    box = inner.rfind("\\boxed{")
+    if box == -1:
+        return OpenAnswer(inner, 0, inner)
+    content, depth = inner[box + len("\\boxed{"):], 1
+    for ch in content:
+        depth += (ch == "{") - (ch == "}")
+        if depth == 0:
+            return None  # the last box is closed: the answer it holds was let through when it closed
+    # parse_turn falls back to the whole span's text only when no earlier box of it is closed
+    return OpenAnswer(content, depth, None if extract_boxed(inner[:box]) is not None else inner)
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{…}``, with nested braces balanced; None if absent or unclosed."""
     start = text.rfind("\\boxed{")

@@ -8,7 +8,12 @@ which (1 model token, 0 environment token: retrieved results and controller feed
 what keeps retrieved tokens out of the RL loss (paper eq. 19).
 
 An optional answer controller (STIE, :mod:`kunlunlab.agent.stie`) sees every answer round and
-decides whether the sample stops or continues with a feedback block.
+decides whether the sample stops or continues with a feedback block. A controller that blocks answers
+(STIE's eq. 13, ``answer_block``) has its block handed to the session after each round, as a constraint
+on the row's later answers (:meth:`~kunlunlab.agent.backends.TransformersSession.block_answers`); a
+session that cannot enforce it (the OpenAI-compatible one) is logged once per run, counted in
+``RolloutStats.unenforced_blocks``, and a round whose answer the block covers is marked with the issue
+``blocked_answer``. The feedback block is appended either way.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from kunlunlab.agent.backends import Backend, SamplingConfig, mean_confidence, text_ids
+from kunlunlab.agent.backends import AnswerBlock, Backend, SamplingConfig, mean_confidence, text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE, format_results, parse_turn
 from kunlunlab.retrieval.service import RetrievalServiceError
 
@@ -100,6 +105,10 @@ def result_block(hits_per_query: list[list], queries: list[str], max_chars: int)
 
 
 class AnswerController(Protocol):
+    """``observe`` is required. A controller may also define ``answer_block(sample) -> AnswerBlock | None``
+    (STIE does): the engine asks it after each round of a continuing sample and constrains that sample's
+    later answers with it."""
+
     def observe(self, sample: int, round_: AnswerRound) -> tuple[bool, str | None]:
         """(stop, feedback) after an answer round; ``feedback`` is appended when the sample continues."""
 
@@ -117,6 +126,10 @@ class RolloutStats:
     model_tokens: int = 0
     appended_tokens: int = 0
     seconds: float = 0.0
+    blocked_rounds: int = 0        # answer rounds generated under an answer block (STIE's eq. 13)
+    answer_interventions: int = 0  # generation steps where a block banned the model's highest-logit token
+    blocked_answer_repeats: int = 0  # rounds whose answer the block covered (0 where the session enforces it)
+    unenforced_blocks: int = 0     # blocks handed to a session that cannot enforce them
 
 
 class RolloutEngine:
@@ -163,6 +176,9 @@ class RolloutEngine:
         searched: list[list[set[str]]] = [[] for _ in trajs]  # word sets of earlier queries (repeat blocking)
         round_queries: list[list[str]] = [[] for _ in trajs]
         round_docs: list[list[str]] = [[] for _ in trajs]
+        answer_block = getattr(controller, "answer_block", None)
+        row_blocks: dict[int, AnswerBlock] = {}  # sample -> the answer block its session row is under
+        warned = False
 
         def add(i: int, ids: list[int], text: str, model: bool, logprobs: list[float] | None = None, **extra) -> None:
             t = trajs[i]
@@ -185,11 +201,14 @@ class RolloutEngine:
             self.stats.generate_s += time.perf_counter() - t0
             pending: dict[int, list[str]] = {}
             appends: dict[int, str] = {}
+            new_blocks: dict[int, AnswerBlock] = {}
             done: list[int] = []
             for i in active:
                 seg, t = segments[i], trajs[i]
-                add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs)
+                extra = {"interventions": seg.interventions} if seg.interventions else {}
+                add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs, **extra)
                 self.stats.model_tokens += len(seg.token_ids)
+                self.stats.answer_interventions += seg.interventions
                 turn = parse_turn(carry[i] + seg.text)
                 carry[i] = ""
                 t.issues.extend(turn.issues)
@@ -211,10 +230,18 @@ class RolloutEngine:
                                          round_queries[i], round_docs[i], list(turn.issues))
                     t.rounds.append(round_)
                     round_queries[i], round_docs[i] = [], []
+                    if i in row_blocks:
+                        self.stats.blocked_rounds += 1
+                        if turn.answer is not None and row_blocks[i].rejects(turn.answer):  # the block did not hold
+                            t.issues.append("blocked_answer")
+                            self.stats.blocked_answer_repeats += 1
                     stop, feedback = True, None
                     if controller is not None:
                         c0 = time.perf_counter()
                         stop, feedback = controller.observe(i, round_)
+                        block = answer_block(i) if answer_block is not None and not stop else None
+                        if block is not None:
+                            new_blocks[i] = block
                         self.stats.controller_s += time.perf_counter() - c0
                         self.stats.controller_rounds += 1
                     if stop or budget_left(i) < 32:
@@ -279,6 +306,17 @@ class RolloutEngine:
                     finish(i, "incomplete")
             session.release(done)
             session.append({i: ids for i, ids in token_appends.items() if i not in done})
+            new_blocks = {i: b for i, b in new_blocks.items() if i not in done}
+            if new_blocks:
+                row_blocks.update(new_blocks)
+                enforce = getattr(session, "block_answers", None)
+                if enforce is None or not enforce(new_blocks):
+                    self.stats.unenforced_blocks += len(new_blocks)
+                    if not warned:
+                        log.warning("the %s backend cannot constrain generation: STIE's answer block (eq. 13) "
+                                    "stays a feedback note; rounds that repeat a blocked answer are marked "
+                                    "'blocked_answer'", getattr(self.backend, "name", "generation"))
+                        warned = True
             active = [i for i in active if i not in done]
         self.stats.seconds += time.perf_counter() - start
         return trajs

@@ -33,7 +33,11 @@ reconstruction of that prose**; the equation numbers are the paper's.
                      ``history_window`` (None: the whole memory); S_t = {a : f_t(a) ≥ K}.
 * (13) repeat count  n_t(a) = the same count over the whole memory; 𝟙[n_t(a) ≥ K] blocks a's future
                      generation: B_t = {a : n_t(a) ≥ K} (:meth:`STIEController.blocked_answers`). Since
-                     f_t ≤ n_t, S_t ⊆ B_t; with H = None they are equal.
+                     f_t ≤ n_t, S_t ⊆ B_t; with H = None they are equal. With ``block_generation`` the
+                     block is a constraint on generation (:meth:`STIEController.answer_block`): in later
+                     rounds the model cannot end an answer (close its ``\\boxed{}`` or answer tag) on an
+                     answer that STIE would count for a blocked one, i.e. one with the same words W as a
+                     blocked surface form or redundant (9) with a round counted for it.
 
 Termination (prose, no equation number): stop after round t when (i) a_t is valid and its *mean* overlap
 with the up-to-3 answered rounds of (8) is below ``overlap_stop``: a genuinely new answer broke the loop;
@@ -58,8 +62,25 @@ Departures, each with its reason:
 * (8)–(9): the paper compares the minimum difference with three thresholds; we apply δ_k to lag k
   (the minimum of (8) taken lag by lag against its own threshold), which is how three thresholds can
   act on one minimum. ``min_difference`` reports D̄_t itself.
-* (13)'s block is a blocked set and a note in the feedback turn ("Do not give these again"), not yet a
-  constraint on generation (that needs the rollout engine: a bad-words constraint on the answer span).
+* (13)'s block acts on generation through the rollout engine and the local session
+  (:class:`~kunlunlab.agent.backends.TransformersSession`) as a bad-words constraint on the answer span:
+  inside the box, the last token of each blocked spelling's token path (the path the model's own repeats
+  took) is masked, and for any other spelling the token that would close the answer on it. So no answer
+  STIE would count for a blocked one can be completed; a model that has already written one inside the
+  box must continue it into another answer. The feedback turn still names the blocked set ("Do not give
+  these again"). The OpenAI-compatible backend cannot constrain (:meth:`~kunlunlab.agent.backends.
+  OpenAISession.block_answers`): there the block stays the feedback note, the engine logs it as
+  unenforced and marks a round that repeats a blocked answer (issue ``blocked_answer``). Measured on the
+  paper's example shape through the real session (tests/test_stie_block.py: two rows looping on Russia,
+  one that never repeats; K = 3, 5 rounds): 3 answer rounds ran under a block, in 2 of them the block
+  turned away the token the model wanted, and the blocked answer was generated 0 times (2 without the
+  block, both in round 4); the verbatim loop ended one round earlier, on France at round 4.
+* ``block_generation`` defaults to True (the paper's). It provably cannot change a trajectory in which no
+  answer reaches K rounds: until n_t(a) ≥ K for some a the controller gives no block and the session's
+  sampling path is the one without blocks (no mask, no decode). Every stored evaluation record of this
+  project (experiments/results, ``make run``'s included, 2026-11-26) has at most 2 answer rounds per
+  question, below K = 3, so none of those numbers can change. A trajectory that does repeat an answer K
+  times changes from round K + 1 on: that is the block.
 * W truncates words to 5 characters (so "Russia"/"Russian" match); the mean of termination (i) runs over
   the same three lags as (8); criterion (i) requires a_t to be valid (a low mean can hide a high overlap
   with the last round); "confidence plateaus" is read as a ceiling (ii); "information changes little" as
@@ -71,9 +92,11 @@ other thresholds without regenerating (notebook 05).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
+from kunlunlab.agent.backends import AnswerBlock
 from kunlunlab.data.answers import normalize_answer
 
 Difference = Literal["complement", "added_share"]
@@ -98,6 +121,7 @@ class STIEConfig:
     difference: Difference = "complement"  # eq. (7); "added_share" is the earlier variant, see difference()
     history_window: int | None = None  # H of eq. (12), in rounds; None: the whole memory (see the module docstring)
     final_pick: FinalPick = "latest"   # the ranking step; "confidence" is the paper's (see the module docstring)
+    block_generation: bool = True      # eq. (13)'s block as a generation constraint, not only feedback (docstring)
 
     def __post_init__(self):
         if self.repeat_k < 1 or self.max_rounds < 1:
@@ -184,6 +208,7 @@ class _State:
         self.answers: list[_Answer] = []  # in order of first appearance (ties go to the earlier)
         self.seen_docs: set[str] = set()
         self.accepted_idx: int | None = None
+        self.blocked_words: dict[frozenset, bool] = {}  # is_blocked's verdicts since the last round
 
     @property
     def accepted(self) -> str | None:
@@ -214,6 +239,30 @@ class _State:
         recent = [m[0] for m in self.memory[-LAGS:] if m[0]]
         return sum(overlap(w, m) for m in recent) / len(recent) if recent else None
 
+    def _counted_for(self, w: frozenset, cfg: STIEConfig) -> tuple[int | None, int | None, list[tuple[int, float]]]:
+        """Eqs. (8)-(9), (12)-(13): for a next answer with words ``w`` (non-empty), the answer of the memory its
+        round would count for (None: a new one), the round it is redundant with (None: valid) and the
+        differences D(a_t, a_{t-k}) of (8). A redundant round counts for the answer it repeats; a valid one
+        for the identical answer further back if there is one (the same words)."""
+        diffs = self._recent_differences(w, cfg)
+        deltas = {len(self.memory) - lag: delta for lag, delta in enumerate(cfg.deltas, start=1)}
+        redundant_with = next((j for j, d in diffs if d < deltas[j]), None)  # eq. (9)
+        if redundant_with is not None:
+            return self.answer_of[redundant_with], redundant_with, diffs
+        return next((i for i, a in enumerate(self.answers) if a.words == w), None), None, diffs
+
+    def is_blocked(self, answer: str, cfg: STIEConfig) -> bool:
+        """Whether eq. (13) blocks ``answer`` as the next round's: it has the words of a blocked answer, or its
+        round would count for one (redundant with one of its rounds). Verdicts are kept until the next round."""
+        w = words(answer)
+        if not w:
+            return False
+        if w not in self.blocked_words:
+            blocked = self.blocked(cfg.repeat_k)
+            self.blocked_words[w] = (any(self.answers[i].words == w for i in blocked)
+                                     or self._counted_for(w, cfg)[0] in blocked)
+        return self.blocked_words[w]
+
     def _rank(self, candidates: list[int]) -> int:
         """The final pick's order: highest confidence, then lowest redundancy n(a), then the earlier."""
         return max(candidates, key=lambda i: (self.answers[i].best_conf, -len(self.answers[i].rounds), -i))
@@ -221,20 +270,13 @@ class _State:
     def step(self, r: RoundInput, cfg: STIEConfig) -> STIEDecision:
         t = len(self.memory)
         w = words(r.answer)
-        diffs = self._recent_differences(w, cfg) if w else []
+        idx, redundant_with, diffs = self._counted_for(w, cfg) if w else (None, None, [])
         min_difference = min((d for _, d in diffs), default=None)  # eq. (8)
-        deltas = {t - lag: delta for lag, delta in enumerate(cfg.deltas, start=1)}
-        redundant_with = next((j for j, d in diffs if d < deltas[j]), None)  # eq. (9)
         mean_overlap = self._mean_recent_overlap(w) if w else None
+        self.blocked_words.clear()
 
-        # Eqs. (12)-(13): a redundant round counts for the answer it repeats; a valid one for the identical
-        # answer further back if there is one (the same words), otherwise it opens a new answer.
-        idx = None
+        # Eqs. (12)-(13): the round counts for the answer _counted_for names, otherwise it opens a new answer.
         if w:
-            if redundant_with is not None:
-                idx = self.answer_of[redundant_with]
-            else:
-                idx = next((i for i, a in enumerate(self.answers) if a.words == w), None)
             if idx is None:
                 idx = len(self.answers)
                 self.answers.append(_Answer(w, []))
@@ -309,10 +351,20 @@ class STIEController:
         return state.accepted if state else None
 
     def blocked_answers(self, sample: int) -> list[str]:
-        """Eq. (13): the surface forms whose future generation is blocked for ``sample`` (n(a) ≥ K), sorted;
-        for a generation constraint on the answer span. Empty for a sample not seen yet."""
+        """Eq. (13): the surface forms whose future generation is blocked for ``sample`` (n(a) ≥ K), sorted.
+        Empty for a sample not seen yet."""
         state = self._state.get(sample)
         return state.surfaces(state.blocked(self.config.repeat_k)) if state else []
+
+    def answer_block(self, sample: int) -> AnswerBlock | None:
+        """The rollout engine's hook for eq. (13)'s generation block: the blocked surface forms (whose token
+        paths the session bans) and a predicate true for any answer ``sample`` may not give in its next round
+        (:meth:`_State.is_blocked`); None when nothing is blocked or ``block_generation`` is off. The predicate
+        reads the sample's live state: ask again after each round."""
+        state = self._state.get(sample)
+        if not self.config.block_generation or state is None or not state.blocked(self.config.repeat_k):
+            return None
+        return AnswerBlock(tuple(self.blocked_answers(sample)), functools.partial(state.is_blocked, cfg=self.config))
 
 
 def feedback_text(decision: STIEDecision, state: _State) -> str:
