@@ -181,6 +181,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Data, corpus and models load before any question runs, so input errors end in one line."""
     import re
 
+    from kunlunlab.agent.errors import GenerationServiceError
     from kunlunlab.eval.harness import (EvalRetrievalError, evaluate, load_data, make_backend, make_judge_backend,
                                         open_eval_retriever)
     from kunlunlab.models import ModelNotAvailableError
@@ -221,6 +222,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                            passages=passages, retriever=retriever)
     except EvalRetrievalError as err:  # the service died mid-run: no score from answers without documents
         _eval_error(f"retrieval failed, evaluation stopped: {err}")
+        return 1
+    except GenerationServiceError as err:  # the judge's (or the answering model's) server failed mid-run
+        _eval_error(f"a generation server failed, evaluation stopped: {err}")
         return 1
     summary["passages_embedded"] = passages_embedded()  # this process; 0 through a service or a saved index
     if run_dir is not None:
