@@ -183,13 +183,11 @@ def resolve_device(device: str | None = "auto") -> str:
         if not torch.cuda.is_available():
             return "cpu"
         device = "cuda"
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ModelNotAvailableError("device 'cuda' asked for, but torch sees no CUDA GPU (use device=auto or cpu)")
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    if device != "cpu" and not device.startswith("cuda:"):
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
-    return device
+    if device != "cpu" and not torch.cuda.is_available():
+        raise ModelNotAvailableError(f"device {device!r} asked for, but torch sees no CUDA GPU (use device=auto or cpu)")
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if device == "cuda" else device
 
 
 def resolve_model_dtype(dtype: str, device: str) -> str:

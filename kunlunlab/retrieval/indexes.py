@@ -13,6 +13,9 @@ from typing import ClassVar, Sequence
 import faiss
 import numpy as np
 
+from kunlunlab.models import ModelNotAvailableError
+from kunlunlab.models import resolve_device as resolve_model_device
+
 
 def _as_matrix(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
@@ -93,16 +96,13 @@ def check_search_settings(device: str, backend: str, dtype: str) -> None:
 
 
 def resolve_device(device: str) -> str:
-    """``auto``: ``cuda`` when torch sees a CUDA GPU, else ``cpu``; ``cuda`` without one is an error."""
-    import torch  # deferred: the FAISS-only paths (every CPU index) need no torch
-
+    """:func:`kunlunlab.models.resolve_device` (``auto``: this process's CUDA GPU when torch sees one, else ``cpu``)
+    for a search device; a device this machine lacks is a ValueError, as every other bad search setting is."""
     check_search_settings(device, "auto", "float32")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}); "
-                         "use device 'cpu' or 'auto'")
-    return device
+    try:
+        return resolve_model_device(device)
+    except ModelNotAvailableError as err:
+        raise ValueError(str(err)) from err
 
 
 def faiss_gpu_available() -> bool:

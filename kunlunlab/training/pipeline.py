@@ -432,12 +432,11 @@ class TrainingRun:
                 "report_to": cfg.report_to}
 
     def _release(self, trainer, trained, final: Path) -> None:
-        """Hands the trained weights to the next stage and lets go of the trainer's engine. With LoRA the adapter
-        is merged into the weights (the next stage trains a fresh one); under DeepSpeed the next stage starts
-        from the saved model: a second engine on the module the first one wrapped (its gradient hooks still on
-        the parameters) was what SFT → DAPO did before."""
+        """Lets go of the trainer's engine and hands ``trained`` (the unwrapped model, a LoRA adapter already
+        merged by :meth:`_finish_stage`) to the next stage, which trains a fresh adapter on it. Under DeepSpeed
+        the next stage starts from the saved model instead: a second engine on the module the first one wrapped
+        would find the first one's gradient hooks still on its parameters."""
         trainer.accelerator.free_memory()
-        del trainer
         gc.collect()
         if self.device.startswith("cuda"):
             import torch
