@@ -154,7 +154,10 @@ class PolicyModel(torch.nn.Module):
         for b in range(keys.shape[0]):
             history = keys[b, 0, :, 0][attention_mask[b].bool()].long().tolist()
             rows.append(self.next_logits(self.tokenizer.decode(history, skip_special_tokens=False)))
-        return SimpleNamespace(logits=torch.stack(rows)[:, None, :])
+        # The logits of each row's last real token (its whole unmasked history); a session asking for several
+        # columns (a right-padded chunk) reads the one at that token, so every column gets the same row.
+        kept = 1 if isinstance(logits_to_keep, int) else len(logits_to_keep)
+        return SimpleNamespace(logits=torch.stack(rows)[:, None, :].expand(-1, kept, -1))
 
     def next_logits(self, text: str):
         logits = torch.zeros(self.vocab)
