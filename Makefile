@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lab app bench clean constraints
+.PHONY: setup run test test-fast lab app bench clean constraints
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The inner loop: every test but the slow ones (training runs, notebook executions, benchmarks, browsers).
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" -q
 
 # Jupyter refuses to start as root without --allow-root (containers, cloud notebooks); only then is it added.
 lab: setup

@@ -10,7 +10,7 @@ the trained router over both tiers (``+NLR``). Their rows sit beside the full-co
 the router's decisions, latency and network errors go to :attr:`SuiteResult.router`.
 
 World questions are the held-out split of the training config the checkpoint was trained with
-(:func:`kunlunlab.training.pipeline.heldout_examples`: none of them is a training question); HotpotQA
+(:mod:`kunlunlab.data.splits`: none of them is a training question); HotpotQA
 distractor questions are the held-out part of the shared sample; the other benchmarks are read as they
 are (the first ``limit`` questions) and searched in their default corpus. Every method runs on the same
 loaded model, and the trained checkpoint's own agent configuration (``kunlunlab_agent.json``: budgets,
@@ -106,11 +106,11 @@ def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:
     from kunlunlab.data.loaders import load_benchmark
     from kunlunlab.paths import shared_data_dir
     from kunlunlab.training.config import load_config
-    from kunlunlab.training.pipeline import heldout_examples
+    from kunlunlab.data.splits import load_splits
 
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
-    held = heldout_examples(train_cfg, cfg.world_questions, cfg.hotpot_questions)
+    held = load_splits(train_cfg.splits(world_heldout=cfg.world_questions, hotpot_heldout=cfg.hotpot_questions))
     out: dict[str, tuple[list, list | None]] = {}
     for d in cfg.datasets:
         if d == "world":

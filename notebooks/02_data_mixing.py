@@ -48,8 +48,9 @@ from IPython.display import HTML, display
 
 from kunlunlab.models import load_llm
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
-from kunlunlab.training.mixing import data_stats, load_rl_prompts, schedule
-from kunlunlab.training.pipeline import load_training_data, mix_training_data, run_config
+from kunlunlab.data.splits import load_rl_prompts, load_splits
+from kunlunlab.training.mixing import data_stats, schedule
+from kunlunlab.training.pipeline import mix_training_data, run_config
 from kunlunlab.viz import data_figure, save_figure, schedule_figure
 from kunlunlab.viz.data_views import (epoch_table_html, example_trajectories, mask_legend_html, mixed_trajectory_html,
                                       mixing_summary, schedule_table_html)
@@ -105,7 +106,7 @@ fig
 # into its first sub-question.
 
 # %%
-data = load_training_data(train_cfg)   # the world's training questions and the HotpotQA training half
+data = load_splits(train_cfg.splits())   # the world's training questions and the HotpotQA training half
 trajectories = mix_training_data(train_cfg, data)
 print(len(trajectories), "samples;", dict(Counter(t.quality for t in trajectories)),
       dict(Counter(t.source for t in trajectories)), dict(Counter(t.kind for t in trajectories)))

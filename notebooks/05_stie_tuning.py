@@ -69,7 +69,7 @@ from kunlunlab.data import make_questions
 from kunlunlab.eval.harness import EvalConfig, evaluate, with_checkpoint_settings
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
 from kunlunlab.training.config import load_config
-from kunlunlab.training.pipeline import heldout_examples
+from kunlunlab.data.splits import load_splits
 from kunlunlab.viz import save_figure, stie_heatmaps, table_html
 
 if smoke:
@@ -178,12 +178,12 @@ metrics["paper_example"] = {"final": answer, "rounds": used}
 # With a trained checkpoint its own agent settings apply (`kunlunlab_agent.json`: top-k, token budgets,
 # RDRA sizes, STIE's thresholds, index kind and embedder; `rounds` sets STIE's round budget); the untrained
 # embedded model rarely follows the protocol, so many of its rounds carry no answer. The questions are the
-# training config's held-out synthetic-world questions (`heldout_examples`), never seen in training.
+# training config's held-out synthetic-world questions (`kunlunlab.data.splits`), never seen in training.
 
 # %%
 train_cfg = load_config(PROJECT_ROOT / train_config)
 # The world's held-out split does not depend on HotpotQA: hotpot=False skips loading that benchmark.
-held = heldout_examples(replace(train_cfg, hotpot=False), n_questions, 0)
+held = load_splits(replace(train_cfg, hotpot=False).splits(world_heldout=n_questions, hotpot_heldout=0))
 examples, world = held.heldout, held.world
 # explicit here > the checkpoint's settings > the training config's retrieval > EvalConfig's defaults
 given = dict(dataset="world", limit=len(examples), judge="none", seed=seed, batch_size=batch_size,
@@ -247,7 +247,7 @@ print("STIE defaults, 5 rounds: ", score(sim_cases, STIEConfig(max_rounds=5)))
 # | `max_rounds` | (13) | stops "max_rounds", rounds used (the model's replay is capped at the rounds collected) |
 #
 # `end_of_cache` counts questions whose cached rounds ran out before any stop. The `difference` variant of
-# eq. (7) has no slider: it only reproduces earlier runs. `tests/test_stie_widgets.py` checks that each
+# eq. (7) has no slider: it only reproduces earlier runs. `tests/notebooks/test_stie_widgets.py` checks that each
 # slider changes the read-out. The defaults are printed below the widget (for headless runs).
 
 # %%

@@ -1,5 +1,5 @@
-"""Shared helpers of the browser tests (``tests/test_apps_browser.py``: the Voilà apps,
-``tests/test_lab_browser.py``: notebook 03 in JupyterLab): finding system Chromium, skipping when it or
+"""Shared helpers of the browser tests (``tests/notebooks/test_apps_browser.py``: the Voilà apps,
+``tests/notebooks/test_lab_browser.py``: notebook 03 in JupyterLab): finding system Chromium, skipping when it or
 selenium is missing, starting a Jupyter server on a free port and stopping it, driving headless Chromium.
 
 Selenium is pointed at the system binaries (``/usr/bin/chromium``, ``/usr/bin/chromedriver``, else

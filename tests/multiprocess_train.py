@@ -1,4 +1,4 @@
-"""The script ``tests/test_multiprocess_training.py`` launches on every process of ``accelerate launch``:
+"""The script ``tests/training/test_multiprocess_training.py`` launches on every process of ``accelerate launch``:
 ``kunlunlab train`` with one hook that records, per process, the rewards TRL's ``GRPOTrainer`` computed
 on that process's own rollouts and what the process got back after TRL gathered them from every
 process (``_calculate_rewards`` ends with ``gather``: the group advantages are normalised on the

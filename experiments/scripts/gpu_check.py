@@ -13,7 +13,7 @@ the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gp
 
 Each part's numbers, or the error that stopped it, go into one JSON (``$OUT/gpu_check.json`` on the device machine,
 else experiments/results/gpu_check/gpu_check.json); the last line printed is that JSON. ``--tiny`` runs every part
-at toy size on the CPU, which is how the script itself is tested (tests/test_gpu_check.py)."""
+at toy size on the CPU, which is how the script itself is tested (tests/training/test_gpu_check.py)."""
 from __future__ import annotations
 
 import argparse

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from kunlunlab.eval.harness import evidence_search_floor
 from kunlunlab.training.config import load_config
-from kunlunlab.training.pipeline import world_questions
+from kunlunlab.data.splits import world_questions
 
 
 def floors(run: Path) -> dict:
     if not (run / "train_config.json").is_file() or not (run / "eval_after_world.jsonl").is_file():
         raise SystemExit(f"{run}: not a run folder (needs train_config.json and eval_after_world.jsonl)")
-    world, _, heldout = world_questions(load_config(run / "train_config.json"))
+    world, _, heldout = world_questions(load_config(run / "train_config.json").splits())
     titles = {p.id: p.title for p in world.passages}
     by_question = {q.question: q for q in heldout}
     records = [json.loads(line) for line in (run / "eval_after_world.jsonl").read_text().splitlines()]

@@ -271,7 +271,7 @@ def _attention_kernels(device, left_padded: bool):
     """The SDPA kernels a session's forward may use. For a left-padded chunk on the CPU only the math kernel:
     torch 2.13's CPU flash kernel, which transformers 5.24 picks for a boolean mask, returned wrong attention for
     a row whose chunk is left-padded after a shared prefix (the batched greedy answer of the second of three
-    prompts differed from the same prompt alone and from ``generate``: tests/test_backends.py). The math kernel
+    prompts differed from the same prompt alone and from ``generate``: tests/agent/test_backends.py). The math kernel
     and eager attention agree with both. Appended chunks are right-padded and one-token decode steps have no
     padding inside the chunk: both keep the default kernel, which agrees there (same tests) and runs a
     rollout ~1.7x faster on this CPU (bench rollout). On a GPU the kernels are left to torch."""

@@ -71,7 +71,7 @@ Departures, each with its reason:
   these again"). The OpenAI-compatible backend cannot constrain (:meth:`~kunlunlab.agent.backends.
   OpenAISession.block_answers`): there the block stays the feedback note, the engine logs it as
   unenforced and marks a round that repeats a blocked answer (issue ``blocked_answer``). Measured on the
-  paper's example shape through the real session (tests/test_stie_block.py: two rows looping on Russia,
+  paper's example shape through the real session (tests/agent/test_stie_block.py: two rows looping on Russia,
   one that never repeats; K = 3, 5 rounds): 3 answer rounds ran under a block, in 2 of them the block
   turned away the token the model wanted, and the blocked answer was generated 0 times (2 without the
   block, both in round 4); the verbatim loop ended one round earlier, on France at round 4.

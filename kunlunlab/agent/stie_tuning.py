@@ -91,7 +91,7 @@ def grid_search(cases: Sequence[Case], base: STIEConfig, x_name: str, x_values: 
 # --- Widget read-out (notebook 05) -----------------------------------------------------------------
 
 # The knobs notebook 05 shows as sliders, as (min, max, step): the notebook builds its sliders from this
-# table, and tests/test_stie_widgets.py checks that moving each one changes :func:`readout`. A knob that
+# table, and tests/notebooks/test_stie_widgets.py checks that moving each one changes :func:`readout`. A knob that
 # cannot change what the read-out shows does not belong here. ``difference`` (eq. 7's variant) is left
 # out: it only reproduces earlier runs. 0 switches a termination criterion off (no mean overlap, share
 # of new documents is below 0); a confidence ceiling of 1 is reached only by a certain answer.

@@ -41,7 +41,7 @@ def open_retriever(url: str | None = None, index_dir: str | Path | None = None,
        corpus is embedded (or read from the embedding cache).
 
     Neither given: ``ValueError``. Service, saved index and in-process build give the same hit lists for the
-    same index (``tests/test_retrieval_service_eval.py``)."""
+    same index (``tests/retrieval/test_retrieval_service_eval.py``)."""
     if url:
         remote = RemoteRetriever(url, attempts=attempts, backoff=backoff, timeout=timeout)
         remote.check(embedder=index_config.embedder if index_config else None)

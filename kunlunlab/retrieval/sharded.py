@@ -23,7 +23,7 @@ Steps (each holds at most one block or shard of passages/vectors in the driver's
 
 Same corpus, same embedder: the same index as the in-process build, up to the last float bits of the
 embeddings (sentence-transformers pads each encoding batch to its longest passage, and the batches
-differ); ``tests/test_sharded_build.py`` checks the top-10 of both builds.
+differ); ``tests/retrieval/test_sharded_build.py`` checks the top-10 of both builds.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_
 from kunlunlab.training.config import MOVED_KEYS
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 
-# the keys that decide which held-out questions a run is evaluated on (load_training_data)
+# the keys that decide which held-out questions a run is evaluated on (kunlunlab.data.splits via TrainConfig.splits)
 HELDOUT_KEYS = ("world_passages", "world_seed", "train_questions", "question_seed", "heldout_seed", "hotpot",
                 "hotpot_train_fraction", "eval.world_questions", "eval.hotpot_questions")
 # the keys a variant of a reference run changes on purpose (notebook 07's overrides)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kunlunlab.agent.rdra import RDRAConfig
+from kunlunlab.data.splits import Splits
 from kunlunlab.configs import apply_overrides, build_dataclass, leaf_paths, leaf_values, read_config_file
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.training.dpo import DPOStageConfig
@@ -241,6 +242,18 @@ class TrainConfig:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+    def splits(self, world_heldout: int | None = None, hotpot_heldout: int | None = None) -> Splits:
+        """The questions this config trains on and holds out (:mod:`kunlunlab.data.splits`); an evaluation may
+        ask for other held-out counts, which draws from the same pools (the training questions stay out)."""
+        return Splits(world_passages=self.world_passages, world_seed=self.world_seed,
+                      train_questions=self.train_questions, question_seed=self.question_seed,
+                      heldout_seed=self.heldout_seed,
+                      world_heldout=self.eval.world_questions if world_heldout is None else world_heldout,
+                      hotpot=self.hotpot, hotpot_train_fraction=self.hotpot_train_fraction,
+                      hotpot_heldout=self.eval.hotpot_questions if hotpot_heldout is None else hotpot_heldout,
+                      twowiki=self.twowiki, twowiki_heldout=self.twowiki_heldout, rl_prompts=self.data.rl_prompts,
+                      rl_prompts_limit=self.data.rl_prompts_limit, rl_heldout=self.data.rl_heldout)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -565,33 +565,3 @@ def tokenize_trajectory(tokenizer, t: TrajectoryExample, system_prompt: str | No
         mask.append(1)
     return {"input_ids": ids, "completion_mask": mask}
 
-
-# ---------------------------------------------------------------------------- RL prompts from the field's data
-def load_rl_prompts(path: str | Path, limit: int | None = None) -> list[QAExample]:
-    """Questions with gold answers for RL from ReSearch / ZeroSearch / Search-R1 data: the veRL layout
-    (``prompt``, ``reward_model.ground_truth``, ``extra_info``) as jsonl or parquet, or any QA layout
-    :func:`~kunlunlab.data.loaders.load_qa` reads."""
-    from kunlunlab.data.loaders import load_qa
-    from kunlunlab.data.types import DataFormatError
-
-    path = Path(path)
-    if path.suffix != ".parquet":
-        return load_qa(path, limit=limit)
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
-    import datasets
-    import tempfile
-    import json
-
-    table = datasets.Dataset.from_parquet(str(path))
-    if "reward_model" not in table.column_names or "prompt" not in table.column_names:
-        raise DataFormatError(path, f"expected the veRL layout (prompt, reward_model, ...), got columns "
-                                    f"{table.column_names}")
-    rows = table.select(range(min(limit, len(table)))) if limit else table
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
-    try:
-        return load_qa(f.name, layout="searchr1")
-    finally:
-        Path(f.name).unlink()

@@ -22,12 +22,13 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
 from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
+from kunlunlab.data.splits import TrainingData, load_splits
 from kunlunlab.training.config import TrainConfig, config_from_dict, effective_settings
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 
@@ -63,81 +64,6 @@ def run_config(config: str | Path | None, overrides: dict | list[str] | None = N
     if smoke:
         cfg = config_from_dict(apply_overrides(apply_overrides(cfg.to_dict(), SMOKE_OVERRIDES), overrides))
     return cfg
-
-
-@dataclass
-class TrainingData:
-    world: object
-    passages: list
-    train: list                 # QAExample, synthetic training questions
-    heldout: list               # QAExample, synthetic evaluation questions (disjoint from train)
-    hotpot_train: list
-    hotpot_heldout: list
-    hotpot_passages: list
-    twowiki_train: list = field(default_factory=list)     # 2Wiki dev questions with a silver chain (see cfg.twowiki)
-    twowiki_passages: list = field(default_factory=list)  # the 2Wiki paragraph corpus
-    rl_train: list = field(default_factory=list)          # data.rl_prompts questions for DAPO (and SFT, sft_share)
-    rl_heldout: list = field(default_factory=list)        # its first data.rl_heldout questions, evaluated only
-    rl_passages: list = field(default_factory=list)       # the paragraphs rl_prompts examples carry (HotpotQA layout)
-
-
-def world_questions(cfg: TrainConfig) -> tuple[object, list, list]:
-    """The synthetic world of ``cfg`` and its training and held-out questions (no held-out question is a
-    training one), drawn from the config's seeds: the same for every run of the config."""
-    from kunlunlab.data import World, make_questions
-
-    world = World.generate(n_passages=cfg.world_passages, seed=cfg.world_seed)
-    train = make_questions(world, cfg.train_questions, seed=cfg.question_seed, id_prefix="train")
-    seen = {q.question for q in train}
-    pool = make_questions(world, cfg.eval.world_questions * 2 + 20, seed=cfg.heldout_seed, id_prefix="heldout")
-    return world, train, [q for q in pool if q.question not in seen][:cfg.eval.world_questions]
-
-
-def load_training_data(cfg: TrainConfig) -> TrainingData:
-    from kunlunlab.data.loaders import corpus_from_examples, load_benchmark
-    from kunlunlab.paths import shared_data_dir
-
-    world, train, heldout = world_questions(cfg)
-    hotpot_train, hotpot_heldout, hotpot_passages = [], [], []
-    if cfg.hotpot and shared_data_dir() is not None:
-        examples = load_benchmark("hotpotqa_distractor")
-        cut = int(len(examples) * cfg.hotpot_train_fraction)
-        hotpot_train, hotpot_heldout = examples[:cut], examples[cut:][:cfg.eval.hotpot_questions]
-        hotpot_passages = corpus_from_examples(examples)
-    elif cfg.hotpot:
-        log.warning("HotpotQA distractor sample not found (KUNLUNLAB_DATA or ../shared/data): training on the "
-                    "synthetic world only")
-    twowiki_train, twowiki_passages = [], []
-    if cfg.twowiki and shared_data_dir() is not None:
-        from kunlunlab.data.evidence import link_evidence
-        from kunlunlab.data.loaders import load_named_corpus
-
-        twowiki_passages = load_named_corpus("2wiki")
-        # the first `twowiki_heldout` dev questions are what evaluations read (load_benchmark(limit=...)): never trained on
-        twowiki_train = link_evidence(load_benchmark("2wikimultihopqa")[cfg.twowiki_heldout:], twowiki_passages)
-    elif cfg.twowiki:
-        log.warning("2Wiki data not found (KUNLUNLAB_DATA or ../shared/data): no 2Wiki trajectories")
-    rl_train, rl_heldout, rl_passages = real_rl_prompts(cfg)
-    return TrainingData(world, world.passages, train, heldout, hotpot_train, hotpot_heldout, hotpot_passages,
-                        twowiki_train, twowiki_passages, rl_train, rl_heldout, rl_passages)
-
-
-def real_rl_prompts(cfg: TrainConfig) -> tuple[list, list, list]:
-    """(training questions, held-out questions, their own paragraphs) of ``data.rl_prompts``: the first
-    ``data.rl_heldout`` questions are held out, the rest train; paragraphs only where the layout carries them."""
-    from kunlunlab.data.loaders import corpus_from_examples
-    from kunlunlab.training.mixing import load_rl_prompts
-
-    spec = cfg.data
-    if not spec.rl_prompts:
-        return [], [], []
-    examples = [ex for ex in load_rl_prompts(spec.rl_prompts, limit=spec.rl_prompts_limit) if ex.answers]
-    if len(examples) <= spec.rl_heldout:
-        raise ValueError(f"data.rl_prompts {spec.rl_prompts}: {len(examples)} questions with answers, not more than "
-                         f"data.rl_heldout={spec.rl_heldout} held out: nothing is left to train on")
-    with_context = [ex for ex in examples if ex.context]
-    return (examples[spec.rl_heldout:], examples[:spec.rl_heldout],
-            corpus_from_examples(with_context) if with_context else [])
 
 
 def rl_prompt_pool(cfg: TrainConfig, data: TrainingData) -> list:
@@ -356,7 +282,7 @@ class TrainingRun:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
-        self.data = load_training_data(cfg)
+        self.data = load_splits(cfg.splits())
         self.say(f"data: {len(self.data.train)} training and {len(self.data.heldout)} held-out synthetic questions, "
                  f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out"
                  + (f", {len(self.data.twowiki_train)} 2Wiki questions with silver chains" if cfg.twowiki else ""))
@@ -618,15 +544,6 @@ def trained_model(run_dir: str | Path) -> Path | None:
     return None
 
 
-def heldout_examples(cfg: TrainConfig, world_questions: int, hotpot_questions: int) -> TrainingData:
-    """The training run's data with ``world_questions`` held-out synthetic questions (none seen in training)
-    and ``hotpot_questions`` held-out HotpotQA distractor questions: what notebook 06 evaluates on."""
-    from dataclasses import replace
-
-    return load_training_data(replace(cfg, eval=replace(cfg.eval, world_questions=world_questions,
-                                                        hotpot_questions=hotpot_questions)))
-
-
 def real_retriever(cfg: TrainConfig):
     """The retrieval service or saved index of ``cfg.retrieval`` (checked now: a service that is down stops the
     run here, after its retries, with one line naming it), or None when neither is configured."""
@@ -774,6 +691,5 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "TrainingData", "TrainingRun", "agent_settings", "build_summary",
-           "evaluate_model", "heldout_examples", "load_training_data", "trained_model", "training_logs", "train",
-           "world_questions"]
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "TrainingRun", "agent_settings", "build_summary",
+           "evaluate_model", "trained_model", "training_logs", "train"]

@@ -7,7 +7,7 @@ CPU in eager mode nothing recompiles, and scoring the prompt and the masked ``<r
 made the head half of an SFT step: 6 SFT steps on make run's trajectories (batch 4, ~720 tokens each,
 SmolLM2-135M in float32, 2-core Xeon) took 89.5 s with TRL's CPU path and 51.2 s scoring labelled positions
 only (2026-11-25). The values are the same: TRL zeroes the unlabelled positions on both paths
-(tests/test_trl_cpu.py checks loss and gradients against TRL's own path).
+(tests/training/test_trl_cpu.py checks loss and gradients against TRL's own path).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@
 Each function returns the assembled ipywidgets container (a ``VBox`` subclass, so it displays as itself)
 and keeps its controls as attributes (``picker``, ``sliders``, ``readout`` …), so a test can set values in
 Python and read the output. Every control and read-out also carries a CSS class (``kl-…``) for the
-browser tests (``tests/test_apps_browser.py``).
+browser tests (``tests/notebooks/test_apps_browser.py``).
 """
 from __future__ import annotations
 

@@ -96,6 +96,7 @@ def test_empty_clusters_get_no_share_and_results_never_short(vectors, query_vect
     np.testing.assert_array_equal(single[0], rows[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rerank", ["exact", "pq"])
 def test_ram_is_an_eighth_of_flat_at_scale(rerank):
     from kunlunlab.bench import gaussian_vectors

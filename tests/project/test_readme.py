@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PACKAGE = ROOT / "kunlunlab"
 MAX_LINES = 250

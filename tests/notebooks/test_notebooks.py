@@ -6,6 +6,7 @@ import pytest
 from kunlunlab.runner import notebooks, run_notebook
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.stem)
 def test_notebook_runs_headless(path, tmp_path):
     record = run_notebook(path, tmp_path, smoke=True)
@@ -17,6 +18,7 @@ def test_notebook_runs_headless(path, tmp_path):
     assert list((tmp_path / path.stem).glob("*.html")), "a notebook must write its figures"
 
 
+@pytest.mark.slow
 def test_index_build_notebook_with_a_subset_of_index_kinds(tmp_path):
     from kunlunlab.runner import NOTEBOOK_DIR
 

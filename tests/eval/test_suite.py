@@ -21,13 +21,13 @@ def test_2wiki_questions_a_checkpoint_trained_on_are_refused(tmp_path, data_dir)
 
 def test_world_questions_are_the_training_configs_held_out_split(tmp_path):
     from kunlunlab.training.config import load_config
-    from kunlunlab.training.pipeline import load_training_data
+    from kunlunlab.data.splits import load_splits
 
     config = tmp_path / "train.json"
     config.write_text(json.dumps({"world_passages": 600, "train_questions": 30, "hotpot": False}))
     questions, passages = suite_data(SuiteConfig(train_config=str(config), datasets=("world",),
                                                  world_questions=12))["world"]
-    train = {q.question for q in load_training_data(load_config(config)).train}
+    train = {q.question for q in load_splits(load_config(config).splits()).train}
     assert len(questions) == 12 and not train & {q.question for q in questions}
     assert len(passages) == 600
 

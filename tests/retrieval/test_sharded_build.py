@@ -18,7 +18,7 @@ from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.retrieval.sharded import ShardedBuildConfig, build_sharded
 from kunlunlab.retrieval.store import CORPUS, MANIFEST_KEYS, load_retriever, read_manifest, save_retriever
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARD_ROWS = 400  # 1500 passages: shards of 400, 400, 400, 300 (the last one short)
 CLUSTER = IndexConfig(kind="cluster", cluster=ClusterConfig(seed=3))
 
@@ -59,6 +59,7 @@ def _same_build(built: Path, reference: Path, questions, encoder) -> None:
     assert top_a == top_b
 
 
+@pytest.mark.slow
 def test_stream_build_equals_the_in_process_build(corpus_file, in_process, questions, encoder, tmp_path):
     out = tmp_path / "stream"
     manifest = build_sharded(corpus_file, CLUSTER, out, ShardedBuildConfig(engine="stream", shard_rows=SHARD_ROWS,
@@ -68,6 +69,7 @@ def test_stream_build_equals_the_in_process_build(corpus_file, in_process, quest
     _same_build(out, in_process, questions, encoder)
 
 
+@pytest.mark.slow
 def test_ray_build_equals_the_in_process_build(corpus_file, in_process, questions, encoder, tmp_path):
     pytest.importorskip("ray", reason="the Ray build needs ray[data] (pip install -e .)")
     out = tmp_path / "ray"
@@ -77,6 +79,7 @@ def test_ray_build_equals_the_in_process_build(corpus_file, in_process, question
     _same_build(out, in_process, questions, encoder)
 
 
+@pytest.mark.slow
 def test_stream_build_of_other_kinds_searches_as_in_process(world, encoder, vectors, corpus_file, questions, tmp_path):
     queries = _queries(questions)
     for kind in ("flat", "ivfpq"):

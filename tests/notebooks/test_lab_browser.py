@@ -36,14 +36,14 @@ from browser import chromium, free_port, require_browser, screenshot, serve, set
 pytest.importorskip("jupyterlab", reason="the JupyterLab tests need jupyterlab (pip install -e .)")
 pytest.importorskip("jupytext", reason="the JupyterLab tests need jupytext (pip install -e .)")
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOK = "03_reward_design"
 START_TIMEOUT = 90    # seconds for jupyter lab to answer
 OPEN_TIMEOUT = 60     # seconds for JupyterLab to load and show the notebook with an idle kernel
 RUN_TIMEOUT = 120     # seconds for Run All Cells (kernel start, imports, the figure) on 2 busy cores
 CHANGE_TIMEOUT = 30   # seconds for a changed control to reach the read-out
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def copy_notebooks(dest: Path) -> Path:

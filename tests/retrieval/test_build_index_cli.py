@@ -9,7 +9,7 @@ import pytest
 from kunlunlab.cli import main
 from kunlunlab.retrieval import load_preset, load_retriever, read_manifest
 
-PRESET = Path(__file__).resolve().parents[1] / "experiments/configs/presets/search_r1_e5.json"
+PRESET = Path(__file__).resolve().parents[2] / "experiments/configs/presets/search_r1_e5.json"
 
 
 def one_error_line(capsys) -> str:

@@ -162,6 +162,7 @@ def test_cluster_allocation_follows_the_sampling_formula_and_matches_search(data
     assert cluster.step == 500  # neither the allocation nor the adapt=False search moved the clock
 
 
+@pytest.mark.slow
 def test_bench_prints_the_same_json_keys(capsys):
     assert main(["retrieval", "--mode", "gaussian", "--n", "1200", "--queries", "30", "--warmup-queries", "32",
                  "--repeats", "1"]) == 0

@@ -6,8 +6,9 @@ import re
 import pytest
 
 from kunlunlab.agent.protocol import parse_turn
+from kunlunlab.data.splits import load_rl_prompts
 from kunlunlab.training.mixing import (NOISE_KINDS, MixingConfig, TrajectoryBuilder, data_stats, evidence_sentence,
-                                   hq_share, load_rl_prompts, mix, noise_ratio, schedule, tokenize_trajectory)
+                                   hq_share, mix, noise_ratio, schedule, tokenize_trajectory)
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.training.rewards import format_compliant, parse_completion
 

@@ -33,6 +33,7 @@ class InterruptAt(TrainerCallback):
             raise Interrupt(f"killed at step {self.step}")
 
 
+@pytest.mark.slow
 def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, questions, bm25, tmp_path):
     from kunlunlab.models import load_llm
     from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
@@ -96,6 +97,7 @@ def _sft_setup(world, questions, bm25):
     return model, tok, dataset
 
 
+@pytest.mark.slow
 def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25, tmp_path):
     from kunlunlab.training.sft import run_sft
 
@@ -117,6 +119,7 @@ def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25
         assert torch.allclose(p, reference[n], atol=1e-6), n
 
 
+@pytest.mark.slow
 def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch):
     from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
 

@@ -327,7 +327,7 @@ def test_router_summary_is_taken_from_the_search_function():
 def test_evaluate_reports_the_router_with_a_network_tier(backend, world, questions, monkeypatch):
     from kunlunlab.agent.nlr import NetworkLocalRouter
 
-    # the router's own statistics are its business (tests/test_nlr.py); here: they reach the summary
+    # the router's own statistics are its business (tests/agent/test_nlr.py); here: they reach the summary
     monkeypatch.setattr(NetworkLocalRouter, "summary", lambda self: {"from": "router"}, raising=False)
     # port 9 refuses connections: the network call fails and the router falls back to the local index
     config = EvalConfig(dataset="world", method="naive_rag", limit=1, index_kind="bm25",

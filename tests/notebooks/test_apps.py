@@ -1,5 +1,5 @@
 """The widgets behind the Voilà apps (``kunlunlab/viz/apps.py``), driven from Python: set a control, read
-the read-out. The browser run of the same apps is ``tests/test_apps_browser.py``.
+the read-out. The browser run of the same apps is ``tests/notebooks/test_apps_browser.py``.
 
 Reward totals are worked out by hand from eqs. 17-18 (``R = w_f format + w_l length + w_a accuracy
 [+ w_s (structure - 1)] + overlong``) and the components each hand-written case is built to get
@@ -18,7 +18,7 @@ from kunlunlab.training.reward_cases import REWARD_CASES
 from kunlunlab.viz.apps import (REWARD_WEIGHTS, load_rounds, reward_explorer, rounds_file, simulation_cases,
                                 stie_tuner, stie_tuner_app)
 
-APPS = Path(__file__).resolve().parents[1] / "apps"
+APPS = Path(__file__).resolve().parents[2] / "apps"
 
 
 def table(html: str) -> dict:
@@ -76,7 +76,7 @@ def test_reward_explorer_scores_edited_text_and_gold():
 
 # --- the STIE tuner ---------------------------------------------------------------------------------
 
-# notebook 05's confidence_ceiling case (tests/test_stie_widgets.py works it out): "red blue" at 0.85 is
+# notebook 05's confidence_ceiling case (tests/notebooks/test_stie_widgets.py works it out): "red blue" at 0.85 is
 # below the ceiling 0.9, so the valid "red green" takes over (EM 0); at 0.8 round 1 stops "confident".
 CEILING_CASE = (["red blue"], [("red blue", 0.85, ["a"]), ("red green", 0.7, ["b"])])
 

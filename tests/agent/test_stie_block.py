@@ -4,7 +4,7 @@ the answer tags. Checked at each layer with values worked out by hand: where a t
 example shape (a loop of near-identical answers, then a different one) through the real local session and
 the rollout engine, the embedded model, and the OpenAI-compatible session, which cannot constrain and says so.
 
-Words W as in tests/test_stie.py: W("Russia") = {russi}, W("Russian Federation") = {russi, feder}."""
+Words W as in tests/agent/test_stie.py: W("Russia") = {russi}, W("Russian Federation") = {russi, feder}."""
 import math
 from types import SimpleNamespace
 

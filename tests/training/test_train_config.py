@@ -15,7 +15,8 @@ from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.training.comparison import reference_mismatch
 from kunlunlab.training.config import TrainConfig, inert_fields, load_config
 from kunlunlab.training.mixing import MixingConfig
-from kunlunlab.training.pipeline import (RunFolderConflict, check_run_folder, load_training_data, mix_training_data)
+from kunlunlab.data.splits import load_splits
+from kunlunlab.training.pipeline import RunFolderConflict, check_run_folder, mix_training_data
 
 CPU = PROJECT_ROOT / "experiments/configs/training/train_embedded_cpu.json"
 SHIPPED = sorted((PROJECT_ROOT / "experiments/configs/training").glob("train_*.json"))
@@ -115,16 +116,16 @@ def test_sft_data_uses_the_runs_retrieval_sizes_and_seed():
              "mixing.epochs": 1, "mixing.samples_per_epoch": 4, "mixing.first_turn_samples": 0,
              "mixing.plan_samples": 0, "mixing.stie_feedback_share": 0.0, "mixing.rdra_background": False}
     cfg = load_config(None, {**sizes, "top_k": 1, "max_result_chars": 40, "seed": 3})
-    trajs = mix_training_data(cfg, load_training_data(cfg))
+    trajs = mix_training_data(cfg, load_splits(cfg.splits()))
     blocks = [s["text"] for t in trajs for s in t.segments if s["role"] == "env"]
     assert len(trajs) == 4 and blocks
     passages = [line for b in blocks for line in b.splitlines() if re.match(r"\(\d+\) ", line)]
     assert passages and not any(line.startswith("(2) ") for line in passages)  # top_k 1: one passage a query
     assert max(len(line) for line in passages) <= len("(1) ") + 40 + len("…")  # max_result_chars 40
-    again = mix_training_data(cfg, load_training_data(cfg))
+    again = mix_training_data(cfg, load_splits(cfg.splits()))
     other = load_config(None, {**sizes, "top_k": 1, "max_result_chars": 40, "seed": 4})
     assert [t.question for t in again] == [t.question for t in trajs]        # the seed draws the mix ...
-    assert [t.question for t in mix_training_data(other, load_training_data(other))] != [t.question for t in trajs]
+    assert [t.question for t in mix_training_data(other, load_splits(other.splits()))] != [t.question for t in trajs]
 
 
 def test_a_run_folder_of_the_same_effective_config_resumes(tmp_path):

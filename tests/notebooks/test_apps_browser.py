@@ -8,8 +8,8 @@ chromium-driver``); without them, or without selenium / voila, every test here i
 pointed at those two binaries and never downloads a browser or a driver (helpers: ``tests/browser.py``).
 
 Expected values are worked out by hand: reward totals from eqs. 17-18 with the components each
-hand-written case is built to get (see tests/test_apps.py), STIE read-outs from the case
-tests/test_stie_widgets.py works through (its ``confidence_ceiling`` case).
+hand-written case is built to get (see tests/notebooks/test_apps.py), STIE read-outs from the case
+tests/notebooks/test_stie_widgets.py works through (its ``confidence_ceiling`` case).
 """
 import functools
 import json
@@ -26,7 +26,7 @@ from browser import chromium, free_port, screenshot, serve, set_slider, text_of,
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
-APPS = Path(__file__).resolve().parents[1] / "apps"
+APPS = Path(__file__).resolve().parents[2] / "apps"
 START_TIMEOUT = 90    # seconds for voila to answer
 RENDER_TIMEOUT = 120  # seconds for a kernel to start and the widgets to render (2 slow cores)
 CHANGE_TIMEOUT = 30   # seconds for a changed control to reach the read-out
@@ -36,7 +36,7 @@ CEILING_RECORD = {"golds": ["red blue"], "trajectory": {"rounds": [
     {"answer": "red blue", "confidence": 0.85, "doc_ids": ["a"]},
     {"answer": "red green", "confidence": 0.7, "doc_ids": ["b"]}]}}
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

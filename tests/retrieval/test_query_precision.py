@@ -49,6 +49,7 @@ def test_onnx_queries_equal_float32_ones_and_the_export_is_cached(float32_vector
     np.testing.assert_allclose(np.concatenate([again.embed_queries([q]) for q in QUERIES]), float32_vectors, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_encode_benchmark_prints_its_figures_as_the_last_json_line(capsys):
     from kunlunlab.bench import main
 

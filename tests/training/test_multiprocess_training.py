@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from kunlunlab.training.pipeline import run_config, world_questions
+from kunlunlab.data.splits import world_questions
+from kunlunlab.training.pipeline import run_config
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = Path(__file__).resolve().parent / "multiprocess_train.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parents[1] / "multiprocess_train.py"
 PROCESSES = 2
 # The smoke sizes (SMOKE_OVERRIDES: 2 SFT steps of batch 2, 1 DAPO step of 1 question × 2 samples per
 # process) without HotpotQA or the evaluation before; one held-out question after; BM25 retrieval (no
@@ -155,7 +156,7 @@ def test_both_ranks_finish_both_stages(runs):
     assert out.count("eval after: world EM") == PROCESSES, out[-4000:]
     # each rank evaluated one of the two held-out questions; the main process wrote both, in question order
     records = _jsonl(multi / "eval_after_world.jsonl")
-    _, _, heldout = world_questions(runs["cfg"])
+    _, _, heldout = world_questions(runs["cfg"].splits())
     assert [r["id"] for r in records] == [q.id for q in heldout] and len(records) == 2
     assert not list(multi.glob("eval_after_world.rank*.jsonl"))
     state = json.loads((multi / "state.json").read_text())

@@ -33,6 +33,7 @@ def fresh_model():
     return model, tok
 
 
+@pytest.mark.slow
 def test_dpo_trains_on_exactly_the_given_ids_and_resumes(tmp_path, monkeypatch):
     trainer_cls = dpo._trainer_class()
     batches = []
