@@ -29,10 +29,10 @@
 # unblocked one; a blocklist of answers generated K or more times; termination on low overlap, on a
 # confidence plateau or when the information changes little). **The exact formulas below are our
 # reconstruction of that prose**, as the docstring of `kunlunlab/agent/stie.py` says. Choices that are ours
-# and not the paper's: words are cut to 5 characters (so "Russia" and "Russian" match); the mean in (13i)
+# and not the paper's: words are cut to 5 characters (so "Russia" and "Russian" match); the mean in (termination i)
 # runs over the same three lags as (8) and requires the answer to be valid; "confidence plateaus" is read as
-# a ceiling (13ii); "information changes little" as the share of newly retrieved documents (13iii); and a
-# `margin` knob exists in (12) (0, the default, is the paper's "higher confidence").
+# a ceiling (termination ii); "information changes little" as the share of newly retrieved documents (termination iii); and a
+# `margin` knob exists in (10) (0, the default, is the paper's "higher confidence").
 #
 # STIE is a controller on top of the decoder, so we generate the rounds **once** and re-score any
 # setting on the cached rounds: the sliders below re-run STIE live without touching the model.
@@ -60,8 +60,8 @@ from dataclasses import replace
 from pathlib import Path
 import ipywidgets as widgets
 from IPython.display import display, HTML
-from kunlunlab.agent.stie import STIEConfig, RoundInput, difference, overlap, replay, words
-from kunlunlab.agent.stie_tuning import (COLLECT_ALL_ROUNDS, CONTROLS, TUNING_GRID, cases_from_records,
+from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig, RoundInput, difference, overlap, replay, words
+from kunlunlab.agent.stie_tuning import (CONTROLS, TUNING_GRID, cases_from_records,
                                          format_readout, grid_search, readout, score, simulated_cases, validate)
 from kunlunlab.agent.backends import TransformersBackend
 from kunlunlab.agent.rollout import RolloutConfig
@@ -107,53 +107,59 @@ for a, b in pairs:
 # ## Eqs. 8–13 on the paper's example
 #
 # `kunlunlab/agent/stie.py::_State.step` takes one round at a time; `replay` runs it over a list of rounds.
+# The numbers are the paper's (§2.2); the formulas are our reconstruction of its prose.
 #
-# **(8) Validity.** $a_t$ is *valid* (new) when it differs enough from each of the last three rounds that
-# gave an answer, with thresholds that are strictest for the most recent round ($\delta_1 \ge \delta_2 \ge
-# \delta_3$, `delta1..3`); otherwise it is *redundant* with the first lag that fails:
+# **(8) Aggregated difference.** The difference of $a_t$ from the recent rounds is the minimum over the last
+# three rounds that gave an answer (rounds without one are left out; with none, $a_t$ is new):
 #
-# $$a_t \text{ valid} \iff D(a_t, a_{t-k}) \ge \delta_k \quad \text{for every } k \in \{1, 2, 3\} \text{ with } a_{t-k} \ne \varnothing \tag{8}$$
+# $$\bar D_t = \min_{k \in \{1, 2, 3\},\ a_{t-k} \ne \varnothing} D(a_t, a_{t-k}) \tag{8}$$
 #
-# **(9) Repeat count.** A redundant round counts for the answer it repeats; a valid one for an earlier
-# answer with the very same words, if any, else it opens a new answer:
+# **(9) Asymmetric thresholds.** $a_t$ is *valid* (new) when it differs enough from each of those rounds,
+# strictest for the most recent ($\delta_1 \ge \delta_2 \ge \delta_3$, `delta1..3`); otherwise it is
+# *redundant* with the first lag that fails (we apply $\delta_k$ lag by lag, which is how three thresholds act
+# on one minimum):
 #
-# $$n(a) = \big|\{\, s \le t : a_s = a \text{ or } a_s \text{ redundant with } a \,\}\big| \tag{9}$$
+# $$a_t \text{ valid} \iff D(a_t, a_{t-k}) \ge \delta_k \quad \text{for every } k \in \{1, 2, 3\} \text{ with } a_{t-k} \ne \varnothing \tag{9}$$
 #
-# **(10) Shielded set** (repeat blocking, `repeat_k` = $K$): an answer given $K$ times is a loop.
+# **(10) Replacement condition** (`margin` = $m$). The candidates are the remembered answers outside the
+# shielded set $S_t$ of (12), each with its best confidence; a redundant $a_t$ gives way to its rival $a'$,
+# the most confident other candidate (the second-highest confidence when $a_t$ leads), when the rival beats it:
 #
-# $$S_t = \{\, a : n(a) \ge K \,\} \tag{10}$$
+# $$C_t = \{\, a \in M_t : a \notin S_t \,\}, \qquad a' = \arg\max_{a \in C_t,\ a \ne a_t} c(a), \qquad c(a') > c(a_t) + m \tag{10}$$
 #
-# **(11) Candidates**: the remembered answers that are not blocked, each with its best confidence (and the
-# surface form that had it):
+# **(11) Replacement.** $\hat a_t = a'$ when (10) holds, else $a_t$; a valid, unshielded $a_t$ is accepted
+# as it is (it carries what the latest search found), and a shielded one is never a candidate. If every
+# answer is shielded the most confident one is kept (`all_blocked`). A round without an answer leaves
+# $\hat a_t = \hat a_{t-1}$; the current answer is reported in its most confident surface form.
 #
-# $$C_t = \{\, a \in M_t : a \notin S_t \,\}, \qquad c(a) = \max_{s:\ a_s \text{ counts for } a} c_s \tag{11}$$
+# $$\hat a_t = \begin{cases} a_t & a_t \text{ valid and } a_t \notin S_t \\ a' & \text{(10) holds} \\ a_t & \text{otherwise} \end{cases} \tag{11}$$
 #
-# **(12) Replacement** (`margin` = $m$): a valid, unblocked answer becomes the current answer $\hat a_t$,
-# even when it is less confident than earlier ones (it carries what the latest search found); a redundant or
-# blocked one is replaced by the most confident candidate, unless its own answer is still a candidate and no
-# rival beats it by more than $m$; if every candidate is blocked, the most confident answer is kept
-# (`all_blocked`):
+# **(12) Frequency in a window** (`history_window` = $H$, `repeat_k` = $K$): how often an answer was given,
+# or repeated by a redundant round, among the last $H$ rounds; $K$ of them put it into the shielded set:
 #
-# $$\hat a_t = \begin{cases} a_t & a_t \text{ valid and } a_t \notin S_t \\ a_t & a_t \in C_t \text{ and } c(a^\star) \le c(a_t) + m \\ a^\star = \arg\max_{a \in C_t} c(a) & \text{otherwise, if } C_t \ne \varnothing \\ \arg\max_{a \in M_t} c(a) & C_t = \varnothing \end{cases} \tag{12}$$
+# $$f_t(a) = \big|\{\, \tau \in (t - H, t] : a_\tau = a \text{ or } a_\tau \text{ redundant with } a \,\}\big|, \qquad S_t = \{\, a : f_t(a) \ge K \,\} \tag{12}$$
 #
-# A round without an answer leaves $\hat a_t = \hat a_{t-1}$. The current answer is reported in the most
-# confident surface form among the rounds that count for it ("Russian Federation" rather than "Russia").
+# **(13) Repeat count and block.** The same count over the whole memory, $n_t(a)$; the indicator
+# $\mathbb{1}[n_t(a) \ge K]$ blocks the answer's future generation (`block_generation`: the model cannot
+# close an answer STIE would count for it), and the feedback turn names it:
 #
-# **(13) Termination** after round $t$, checked in this order; $\bar O_t$ is the mean overlap of $a_t$ with
-# the answered rounds among the last three, $L_t$ their lags:
+# $$B_t = \{\, a : \mathbb{1}[n_t(a) \ge K] = 1 \,\} \tag{13}$$
+#
+# **Termination** (the paper's prose, unnumbered) after round $t$, checked in this order; $\bar O_t$ is the
+# mean overlap of $a_t$ with the answered rounds among the last three, $L_t$ their lags:
 #
 # $$\text{(i)}\ \ a_t \text{ valid and } \bar O_t = \frac{1}{|L_t|}\sum_{k \in L_t} O(a_t, a_{t-k}) < \texttt{overlap\_stop} \qquad \text{(ii)}\ \ c_t \ge \texttt{confidence\_ceiling} \text{ and } a_t \notin S_t$$
 #
-# $$\text{(iii)}\ \ t > 1 \text{ and } \frac{|\mathrm{docs}_t \setminus \bigcup_{s<t} \mathrm{docs}_s|}{|\mathrm{docs}_t|} < \texttt{min\_new\_info} \qquad \text{(always)}\ \ t = \texttt{max\_rounds} \tag{13}$$
+# $$\text{(iii)}\ \ t > 1 \text{ and } \frac{|\mathrm{docs}_t \setminus \bigcup_{s<t} \mathrm{docs}_s|}{|\mathrm{docs}_t|} < \texttt{min\_new\_info} \qquad \text{(always)}\ \ t = \texttt{max\_rounds}$$
 #
 # (i) says a genuinely new answer broke the loop, (ii) that the model is sure, (iii) that searching no longer
 # brings new documents (a round that retrieved nothing counts as a share of 0).
 #
 # **The paper's example**: four rounds of "Russia" variants, then "France". With K = 3 the third Russia
 # shields the answer (every candidate is then blocked, so the most confident form, "Russian Federation", is
-# kept); "France" shares no word with the recent rounds (O = 0), so STIE accepts it and stops (13i). Each
-# printed field is one equation: `redundant_with` (8), `shielded` (10), `accepted` (12), `mean_overlap`
-# and `stop`/`reason` (13).
+# kept); "France" shares no word with the recent rounds (O = 0), so STIE accepts it and stops (termination i). Each
+# printed field is one step: `redundant_with` (9), `shielded` (12), `accepted` (11), `mean_overlap`
+# and `stop`/`reason` (termination).
 
 # %%
 paper_rounds = [RoundInput("Russia", 0.40, ["d1"]), RoundInput("Russian Federation", 0.45, ["d2"]),
@@ -169,9 +175,9 @@ metrics["paper_example"] = {"final": answer, "rounds": used}
 # ## Cached rounds from the model
 #
 # The `kunlun` method runs with STIE in collection mode (`stie_collect`, i.e.
-# `kunlunlab/agent/stie_tuning.py::COLLECT_ALL_ROUNDS`: each of (13i)–(13iii) is switched off, so only
+# `kunlunlab/agent/stie.py::COLLECT_ALL_ROUNDS`: each of §2.2's termination criteria (i)–(iii) is switched off, so only
 # `max_rounds` ends the loop), so every question yields all its rounds, and a replay can stop wherever a
-# setting says. Replacement and blocking (eqs. 11–12) still act while collecting, with the default δ's and
+# setting says. Replacement, shielding and blocking (eqs. 10–13) still act while collecting, with the default δ's and
 # K, and the feedback between rounds (answer memory, blocked answers) comes from them. One caveat follows:
 # a replay with another K re-scores the *same* rounds, although that setting's feedback might have led the
 # model to answer differently; cached-round tuning measures the controller's decisions, not that effect.
@@ -196,7 +202,7 @@ collect = with_checkpoint_settings(
                rollout=RolloutConfig() if model is not None else RolloutConfig(max_total_tokens=640)),
     explicit=explicit)
 print("model:", model or "embedded SmolLM2-135M-Instruct (untrained)")
-print("collection mode (eq. 13 i-iii off):", COLLECT_ALL_ROUNDS)
+print("collection mode (§2.2 termination (i)-(iii) off):", COLLECT_ALL_ROUNDS)
 print("settings:", {k: getattr(collect, k) for k in ("method", "use_rdra", "index_kind")},
       {k: getattr(collect.rollout, k) for k in ("top_k", "max_total_tokens", "max_turn_tokens")},
       "STIE rounds:", collect.stie.max_rounds)
@@ -238,13 +244,13 @@ print("STIE defaults, 5 rounds: ", score(sim_cases, STIEConfig(max_rounds=5)))
 #
 # | control | equation | moves in the read-out |
 # |---|---|---|
-# | `delta1`, `delta2`, `delta3` | (8) | redundant rounds (against the round 1, 2 or 3 back), hence replacements |
-# | `repeat_k` (K) | (10) | rounds with a blocklist, all-blocked rounds, replacements |
-# | `margin` | (12) | replacements (a rival must beat the round's own answer by more) |
-# | `overlap_stop` | (13i) | stops "new_answer", rounds used |
-# | `confidence_ceiling` | (13ii) | stops "confident", rounds used |
-# | `min_new_info` | (13iii) | stops "no_new_info", rounds used |
-# | `max_rounds` | (13) | stops "max_rounds", rounds used (the model's replay is capped at the rounds collected) |
+# | `delta1`, `delta2`, `delta3` | (9) | redundant rounds (against the round 1, 2 or 3 back), hence replacements |
+# | `repeat_k` (K) | (12)–(13) | rounds with a blocklist, all-blocked rounds, replacements |
+# | `margin` | (10) | replacements (a rival must beat the round's own answer by more) |
+# | `overlap_stop` | (termination i) | stops "new_answer", rounds used |
+# | `confidence_ceiling` | (termination ii) | stops "confident", rounds used |
+# | `min_new_info` | (termination iii) | stops "no_new_info", rounds used |
+# | `max_rounds` | (termination) | stops "max_rounds", rounds used (the model's replay is capped at the rounds collected) |
 #
 # `end_of_cache` counts questions whose cached rounds ran out before any stop. The `difference` variant of
 # eq. (7) has no slider: it only reproduces earlier runs. `tests/notebooks/test_stie_widgets.py` checks that each
@@ -264,7 +270,7 @@ print(tuner.report(STIEConfig()))
 # ## Grid search: δ1 × K
 #
 # EM of STIE's final answer and the rounds it used (`kunlunlab/agent/stie_tuning.py::grid_search`), over
-# the redundancy threshold δ1 of eq. (8) and the repeat-blocking threshold K of eq. (10), the other knobs at
+# the redundancy threshold δ1 of eq. (9) and the repeat-blocking threshold K of eqs. (12)–(13), the other knobs at
 # their defaults, on the simulation and on the model's cached rounds. These two interact: δ1 decides which
 # rounds count as repeats, K how many repeats make a loop. The "best" cell is the highest EM, ties broken by
 # fewer rounds; it is chosen on the same questions it is scored on, which is why the next section validates.

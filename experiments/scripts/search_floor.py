@@ -4,7 +4,7 @@
 
 For each run folder (or kept record folder under ``experiments/results``) the held-out world questions are
 rebuilt from its ``train_config.json`` (the world and question seeds), and every record of
-``eval_after_world.jsonl`` gets :func:`kunlunlab.eval.harness.evidence_search_floor`: RDRA's queries plus one
+``eval_after_world.jsonl`` gets :func:`kunlunlab.eval.metrics.evidence_search_floor`: RDRA's queries plus one
 search per dependency stage of the gold chain that the trajectory's background did not show. Prints one line
 per run and, last, all of them as JSON: ``searches`` and ``search_floor`` per question and ``max_cut``, the
 share of searches a budget could remove without the agent answering from evidence it never read
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from kunlunlab.eval.harness import evidence_search_floor
+from kunlunlab.eval.metrics import evidence_search_floor
 from kunlunlab.training.config import load_config
 from kunlunlab.data.splits import world_questions
 

@@ -16,13 +16,6 @@ from kunlunlab.data.answers import exact_match
 
 Case = tuple[list[str], list[RoundInput]]  # (gold answers, rounds)
 
-# Collection: every round is generated (no early stop), so replays can stop wherever a setting says.
-# Each value switches one termination criterion (§2.2's prose) off: a mean overlap is never below -1 (i),
-# a confidence never reaches 1.1 (ii), a share of new documents is never below -1 (iii); only
-# max_rounds ends the loop. Replacement and shielding (eqs. 10-12) still act on the collected rounds.
-COLLECT_ALL_ROUNDS = dict(confidence_ceiling=1.1, overlap_stop=-1.0, min_new_info=-1.0)
-
-
 def cases_from_records(records: Sequence[dict]) -> list[Case]:
     """Cached rounds from evaluation records (``kunlunlab eval`` / :func:`~kunlunlab.eval.harness.evaluate`)."""
     cases = []

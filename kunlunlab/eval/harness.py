@@ -59,23 +59,21 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Collection
 
-from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.methods import METHODS
 from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
-from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
-from kunlunlab.eval.metrics import (cover_em, exact_match, extra_searches, f1, normalize_answer, recall_by_search,
-                                    retrieval_recall, search_floor)
+from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1,
+                                    retrieval_recall, summarize, title_recall_curve)
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
 from kunlunlab.retrieval.service import RemoteRetriever, RetrievalServiceError
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
-TAGGED, FALLBACK = "answer_tag", "fallback"
 AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
 AGENT_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "method": str, "top_k": int, "max_result_chars": int, "max_turn_tokens": int, "max_total_tokens": int,
@@ -385,7 +383,6 @@ def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=N
     """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model and ``retriever``
     (:func:`open_eval_retriever`) to reuse an opened one."""
     from kunlunlab.agent.methods import MethodConfig, make_method
-    from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS
 
     retriever = retriever if retriever is not None else open_eval_retriever(config, passages)
     if backend is None:
@@ -484,132 +481,3 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     if config.network_url:
         summary["router"] = router_summary(method.search)
     return summary
-
-
-def answer_source(record: dict) -> str:
-    """``"answer_tag"`` or ``"fallback"`` for one record (records written before the top-level field
-    existed carry it in the trajectory; single-shot baselines carry none and count as fallback)."""
-    source = record.get("answer_source")
-    if source is None and isinstance(record.get("trajectory"), dict):
-        source = record["trajectory"].get("answer_source")
-    source = source or FALLBACK
-    if source not in (TAGGED, FALLBACK):
-        raise ValueError(f"record {record.get('id')!r}: unknown answer_source {source!r}")
-    return source
-
-
-def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) -> list[float] | None:
-    """The recall of the gold supporting titles after RDRA's background (R_0) and after each of the agent's
-    searches (``trajectory["doc_ids"]``, one list per search): :func:`~kunlunlab.eval.metrics.recall_by_search`
-    on normalised titles. None without gold titles or a per-search record (the baselines keep none)."""
-    searches = _per_search_ids(trajectory)
-    if not gold_titles or searches is None:
-        return None
-    background = (trajectory.get("rdra") or {}).get("doc_ids") or []
-
-    def names(ids):
-        return [normalize_answer(titles.get(d, "")) for d in ids]
-
-    return recall_by_search([names(ids) for ids in searches], {normalize_answer(t) for t in gold_titles},
-                            names(background))
-
-
-def _per_search_ids(trajectory) -> list[list[str]] | None:
-    """The passage ids of each of the agent's searches (``trajectory["doc_ids"]``); None where a method keeps
-    no per-search record (the single-shot baselines)."""
-    searches = trajectory.get("doc_ids") if isinstance(trajectory, dict) else None
-    if not isinstance(searches, list) or not all(isinstance(ids, list) for ids in searches):
-        return None
-    return searches
-
-
-def evidence_search_floor(trajectory: dict, titles: dict[str, str], example: QAExample) -> int | None:
-    """The fewest searches with which this trajectory could have completed its gold evidence: RDRA's queries
-    before the first turn (``trajectory.rdra.searches``, fixed by its config) plus one of the agent's own for
-    every dependency stage of the gold chain whose pages the background did not show
-    (:func:`~kunlunlab.eval.metrics.search_floor`; the parallel hops of a comparison share one multi-query
-    search). ``searches`` minus this is what a search-budget reward can cut without the agent answering
-    from evidence it never read. None where :func:`title_recall_curve` is None (no gold titles, or a baseline
-    that keeps no per-search record)."""
-    stages = example.evidence_stages()
-    if _per_search_ids(trajectory) is None or not stages:  # no stages: no gold titles
-        return None
-    rdra = trajectory.get("rdra") or {}
-    background = [normalize_answer(titles.get(d, "")) for d in rdra.get("doc_ids") or []]
-    own = search_floor([[normalize_answer(t) for t in stage] for stage in stages], background)
-    return int(rdra.get("searches") or 0) + own
-
-
-def _extra_searches(record: dict, kind: str) -> int | None:
-    curve = record.get("recall_by_search")
-    return extra_searches(curve, kind) if curve else None
-
-
-def searches_past_stop(record: dict) -> int | None:
-    """The agent's searches after FrugalRAG's optimal stop (:func:`~kunlunlab.eval.metrics.optimal_stop`):
-    searches that retrieved no gold evidence the trajectory did not already have, and that a perfect
-    search-budget policy would not have made. None for a record without a recall curve."""
-    return _extra_searches(record, "past_stop")
-
-
-def redundant_searches(record: dict) -> int | None:
-    """The agent's searches that raised the recall of no gold passage (before or after the optimal stop:
-    a search repeating what RDRA's background already showed, or one that found nothing of the evidence).
-    None for a record without a recall curve."""
-    return _extra_searches(record, "redundant")
-
-
-def ungrounded_quotes(record: dict) -> int | None:
-    """How many of the evidence sentences the agent quoted in its think turns it had never been shown
-    (:func:`kunlunlab.agent.grounding.quote_grounding`): 0 for an agent that quotes nothing; None for a record
-    without a trajectory."""
-    trajectory = record.get("trajectory")
-    if not isinstance(trajectory, dict) or "steps" not in trajectory:
-        return None
-    background = (trajectory.get("rdra") or {}).get("background")
-    return len(quote_grounding(trajectory["steps"], background).ungrounded)
-
-
-def agent_searches(record: dict) -> int | None:
-    """The searches the agent chose itself: ``searches`` less the queries RDRA sent before the first turn
-    (``trajectory.rdra.searches``; the whole agent counts both in ``searches``). A search-budget reward
-    (FrugalRAG) can only cut these; RDRA's background searches are fixed by its config. None when the
-    record has no search count."""
-    searches = record.get("searches")
-    if searches is None:
-        return None
-    trajectory = record.get("trajectory")
-    rdra = trajectory.get("rdra") if isinstance(trajectory, dict) else None
-    return searches - int((rdra or {}).get("searches") or 0)
-
-
-def summarize(records: list[dict]) -> dict:
-    """Means over records; EM also split by answer source (``em_tagged`` / ``em_fallback``).
-
-    A mean over no values is None, so ``lj`` is None when no judge ran and ``em_tagged`` is None
-    when no answer came from a tag.
-    """
-    n = len(records)
-
-    def mean(key, subset=records):
-        values = [r[key] for r in subset if r[key] is not None]
-        return round(sum(values) / len(values), 4) if values else None
-
-    tagged = [r for r in records if answer_source(r) == TAGGED]
-    fallback = [r for r in records if answer_source(r) == FALLBACK]
-    return {"n": n, "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "lj": mean("lj"),
-            "em_tagged": mean("em", tagged), "em_fallback": mean("em", fallback),
-            "n_tagged": len(tagged), "n_fallback": len(fallback),
-            "tagged_share": round(len(tagged) / n, 4) if n else None,
-            "searches_per_question": mean("searches"), "agent_searches_per_question": _mean_of(
-                [agent_searches(r) for r in records]),
-            "past_stop_per_question": _mean_of([searches_past_stop(r) for r in records]),
-            "redundant_per_question": _mean_of([redundant_searches(r) for r in records]),
-            "ungrounded_quotes_per_question": _mean_of([ungrounded_quotes(r) for r in records]),
-            "search_floor_per_question": _mean_of([r.get("search_floor") for r in records]),
-            "seconds_per_question": mean("seconds")}
-
-
-def _mean_of(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(sum(values) / len(values), 4) if values else None

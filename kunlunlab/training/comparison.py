@@ -4,12 +4,12 @@
 Per variant (a training run folder):
 
 * **searches / question**, the **searches past the optimal stop** (FrugalRAG's: searches after the last
-  one that retrieved new gold evidence, :func:`~kunlunlab.eval.harness.searches_past_stop`, what a
+  one that retrieved new gold evidence, :func:`~kunlunlab.eval.metrics.searches_past_stop`, what a
   search-budget reward can cut without losing evidence), the **redundant searches** (every search that
-  raised the recall of no gold passage, :func:`~kunlunlab.eval.harness.redundant_searches`: those past the
+  raised the recall of no gold passage, :func:`~kunlunlab.eval.metrics.redundant_searches`: those past the
   stop and those before it, e.g. a search for what RDRA's background already showed), the **search floor**
   (the fewest searches that complete each trajectory's gold evidence given its RDRA background,
-  :func:`~kunlunlab.eval.harness.evidence_search_floor`: how far a budget could cut at all; None for records
+  :func:`~kunlunlab.eval.metrics.evidence_search_floor`: how far a budget could cut at all; None for records
   written before 2026-11-26, which do not carry it) and **generated
   tokens / question** on the held-out questions of the evaluation after training
   (``eval_after_{world,hotpot}.jsonl``). Generated tokens are the agent's own tokens in its
@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
-from kunlunlab.eval.harness import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
+from kunlunlab.eval.metrics import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
 from kunlunlab.training.config import MOVED_KEYS
 from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
 

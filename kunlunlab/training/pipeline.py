@@ -101,7 +101,8 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     configured :class:`~kunlunlab.training.config.RetrievalSource`): the searches go to its service or saved
     index instead of an index over ``passages``."""
     from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate, summarize
+    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
+    from kunlunlab.eval.metrics import summarize
     from kunlunlab.training.dapo import gather_across
 
     if not examples:

@@ -3,7 +3,7 @@ every content word of it."""
 import pytest
 
 from kunlunlab.agent.grounding import content_words, quote_grounding
-from kunlunlab.eval.harness import summarize, ungrounded_quotes
+from kunlunlab.eval.metrics import summarize, ungrounded_quotes
 
 BACKGROUND = ('Documents:\n(1) "The Last Tide"\nThe Last Tide is a 1918 film directed by Beata Dryndcus.\n'
               '(2) "Adela Gourkcian"\nAdela Gourkcian (born 1950) is a singer. Her father was Florian Zandbrai.')

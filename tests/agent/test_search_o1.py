@@ -12,7 +12,8 @@ from kunlunlab.agent.search_o1 import (NO_INFORMATION, ReasonInDocumentsConfig, 
                                        previous_reasoning, reason_in_documents)
 from kunlunlab.agent.server import create_app
 from kunlunlab.configs import apply_overrides, build_dataclass
-from kunlunlab.eval.harness import EvalConfig, build_pipeline, title_recall_curve
+from kunlunlab.eval.harness import EvalConfig, build_pipeline
+from kunlunlab.eval.metrics import title_recall_curve
 from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import RetrievalServiceError, ServiceThread
 from scripted import CharTokenizer, CountingSearch, PrefixScriptedBackend

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from kunlunlab.agent.stie import RoundInput, STIEConfig, STIEController, difference, overlap, replay, words
-from kunlunlab.agent.stie_tuning import COLLECT_ALL_ROUNDS, cases_from_records, score
+from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS
+from kunlunlab.agent.stie_tuning import cases_from_records, score
 
 RUSSIA_THEN_FRANCE = [RoundInput("Russia", 0.40, ["d1"]), RoundInput("Russian Federation", 0.45, ["d2"]),
                       RoundInput("Russia", 0.42, ["d3"]), RoundInput("the Russia", 0.41, ["d4"]),

@@ -9,10 +9,9 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
 from kunlunlab.data.types import Hop, QAExample
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
-                                    evidence_search_floor, load_agent_settings, make_judge_backend, agent_searches, router_summary,
-                                    redundant_searches, searches_past_stop, summarize, title_recall_curve,
-                                    with_checkpoint_settings)
-from kunlunlab.eval.metrics import search_floor
+                                    load_agent_settings, make_judge_backend, router_summary, with_checkpoint_settings)
+from kunlunlab.eval.metrics import (agent_searches, evidence_search_floor, redundant_searches, search_floor,
+                                    searches_past_stop, summarize, title_recall_curve)
 from kunlunlab.eval.stats import paired_bootstrap, paired_records
 
 
