@@ -292,7 +292,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
     from kunlunlab.configs import apply_overrides, build_dataclass, read_config_file
     from kunlunlab.paths import new_run_dir
     from kunlunlab.runner import markdown_table
-    from kunlunlab.suite import SuiteConfig, run_suite, suite_tables
+    from kunlunlab.studies.suite import SuiteConfig, run_suite, suite_tables
 
     try:
         data = read_config_file(args.config, "suite config") if args.config else {}
@@ -330,7 +330,7 @@ def cmd_train_router(args: argparse.Namespace) -> int:
     """NLR (paper §2.4, eqs. 20–23): measure local / network / both on training hop queries, train, save."""
     from dataclasses import replace
 
-    from kunlunlab.agent.nlr_training import RouterTrainConfig, train_router
+    from kunlunlab.training.router import RouterTrainConfig, train_router
 
     given = {key: getattr(args, key) for key in ("world_passages", "questions", "seed", "local_fraction",
                                                  "added_latency_ms", "index_kind", "embedder", "top_k",
@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
                    help="the index built over each corpus" + ckpt % "flat")
     q.add_argument("--embedder", default=None, help="hub id or local path" + ckpt % "the embedded all-MiniLM-L6-v2")
-    q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/suite.py)")
+    q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/studies/suite.py)")
     q.add_argument("--set", nargs="*", default=None,
                    help='SuiteConfig overrides, e.g. world_questions=100 \'baselines=["naive_rag"]\'')
     q.add_argument("--out", default=None, help="output folder (default: a new experiments/runs/<timestamp>-suite)")

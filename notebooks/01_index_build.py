@@ -45,7 +45,6 @@ run_dir = None
 
 # %%
 import json, time
-from pathlib import Path
 
 from kunlunlab.paths import notebook_run_dir
 import numpy as np

@@ -19,7 +19,7 @@
 # correct answer will be collected: the weights decide what the policy learns to prefer.
 #
 # Code: `kunlunlab/training/rewards.py` (parsing, components, eqs. 17–18, the TRL reward functions),
-# `kunlunlab/training/reward_cases.py` (the hand-written cases), `kunlunlab/viz/data_views.py` (the read-outs).
+# `kunlunlab/studies/reward_cases.py` (the hand-written cases), `kunlunlab/viz/data_views.py` (the read-outs).
 
 # %% tags=["parameters"]
 # Parameters (papermill overrides these)
@@ -43,7 +43,7 @@ from dataclasses import asdict
 from kunlunlab.paths import notebook_run_dir
 from IPython.display import HTML, display
 from kunlunlab.training.rewards import RewardConfig
-from kunlunlab.training.reward_cases import REWARD_CASES, case_rows
+from kunlunlab.studies.reward_cases import REWARD_CASES, case_rows
 from kunlunlab.viz import reward_components_figure, reward_table_html, save_figure
 from kunlunlab.viz.apps import reward_explorer
 from kunlunlab.viz.data_views import reward_rankings

@@ -57,12 +57,10 @@ run_dir = None
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
-import ipywidgets as widgets
 from IPython.display import display, HTML
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig, RoundInput, difference, overlap, replay, words
-from kunlunlab.agent.stie_tuning import (CONTROLS, TUNING_GRID, cases_from_records,
-                                         format_readout, grid_search, readout, score, simulated_cases, validate)
+from kunlunlab.studies.stie_tuning import (TUNING_GRID, cases_from_records, grid_search, score, simulated_cases,
+                                           validate)
 from kunlunlab.agent.backends import TransformersBackend
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.data import make_questions
@@ -221,7 +219,7 @@ metrics["model_rounds"] = {"questions": len(model_cases), "rounds": n_rounds, "r
 # %% [markdown]
 # ## A labelled simulation of loops
 #
-# To see what the knobs do, a simulated answerer (`kunlunlab/agent/stie_tuning.py::simulated_cases`) falls
+# To see what the knobs do, a simulated answerer (`kunlunlab/studies/stie_tuning.py::simulated_cases`) falls
 # into loops: it repeats its last wrong answer (in surface variants, re-reading one of the documents it read
 # before) with probability 0.6, otherwise answers correctly with probability 0.35. Why a simulation: an
 # untrained or well-trained model may rarely loop, and then no knob has anything to act on; the simulation
@@ -239,7 +237,7 @@ print("STIE defaults, 5 rounds: ", score(sim_cases, STIEConfig(max_rounds=5)))
 # ## Live re-scoring
 #
 # Move a slider: STIE re-runs over every cached round (no generation), on the simulation and on the
-# model's rounds, and the read-out (`kunlunlab/agent/stie_tuning.py::readout`) says what it did, so each knob's effect shows
+# model's rounds, and the read-out (`kunlunlab/studies/stie_tuning.py::readout`) says what it did, so each knob's effect shows
 # even when EM does not move:
 #
 # | control | equation | moves in the read-out |
@@ -269,7 +267,7 @@ print(tuner.report(STIEConfig()))
 # %% [markdown]
 # ## Grid search: δ1 × K
 #
-# EM of STIE's final answer and the rounds it used (`kunlunlab/agent/stie_tuning.py::grid_search`), over
+# EM of STIE's final answer and the rounds it used (`kunlunlab/studies/stie_tuning.py::grid_search`), over
 # the redundancy threshold δ1 of eq. (9) and the repeat-blocking threshold K of eqs. (12)–(13), the other knobs at
 # their defaults, on the simulation and on the model's cached rounds. These two interact: δ1 decides which
 # rounds count as repeats, K how many repeats make a loop. The "best" cell is the highest EM, ties broken by

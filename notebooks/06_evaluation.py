@@ -18,7 +18,7 @@
 # STIE broke or failed to break, an answer that was right but badly formatted).
 #
 # `make run` hands this notebook the model that notebook 04 trained (`model`); without one it evaluates the
-# embedded, untrained SmolLM2-135M. The suite (`kunlunlab/suite.py::run_suite`) runs every method on the
+# embedded, untrained SmolLM2-135M. The suite (`kunlunlab/studies/suite.py::run_suite`) runs every method on the
 # same loaded model with the checkpoint's own agent settings (`kunlunlab_agent.json`: top-k, token budgets,
 # RDRA, STIE, index kind and embedder), so budgets are equal across the table, and on questions training
 # never saw: the held-out split of the training config for the synthetic world, the held-out half of the
@@ -57,12 +57,11 @@ run_dir = None             # None: a new experiments/runs/<timestamp>-06_evaluat
 
 # %%
 import json
-from pathlib import Path
 from IPython.display import HTML, display
 from kunlunlab.eval.metrics import exact_match, f1, normalize_answer
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
 from kunlunlab.training.pipeline import compare_runs
-from kunlunlab.suite import TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
+from kunlunlab.studies.suite import TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
 from kunlunlab.viz import method_bars, save_figure, table_html
 from kunlunlab.viz.trajectory_browser import (record_html, runs_from_suite, stie_config_for, trajectories_html,
                                               trajectory_browser)
@@ -165,7 +164,7 @@ print("judge:", judge or "none configured: LJ is absent")
 #
 # EM and LJ in percent per dataset and method; the last row is `kunlun` minus the best baseline of each
 # dataset (by EM), with its paired-bootstrap 95 % interval and the number of questions
-# (`kunlunlab/eval/compare.py::table2`). `kunlunlab/suite.py::suite_tables` builds this table and the
+# (`kunlunlab/eval/compare.py::table2`). `kunlunlab/studies/suite.py::suite_tables` builds this table and the
 # ablation tables below from the records, the same way `kunlunlab suite` does outside Jupyter.
 
 # %%
@@ -180,7 +179,7 @@ fig
 # %% [markdown]
 # ## Ablations of the whole agent
 #
-# What each mechanism buys, on the same questions (`kunlunlab/suite.py::ABLATIONS`, scored by
+# What each mechanism buys, on the same questions (`kunlunlab/studies/suite.py::ABLATIONS`, scored by
 # `kunlunlab/eval/compare.py::ablation_table`). Each row removes one thing and keeps the rest:
 #
 # | row | what is removed | how |

@@ -65,7 +65,7 @@ from pathlib import Path
 from IPython.display import HTML, display
 
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
-from kunlunlab.training.comparison import cost_table, reference_mismatch, run_costs, train_variant
+from kunlunlab.studies.training_variants import cost_table, reference_mismatch, run_costs, train_variant
 from kunlunlab.training.pipeline import TrainingRun, compare_runs, run_config, training_logs
 from kunlunlab.training.process_rewards import read_preferences
 from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair_stats_table, save_figure, table_html,
@@ -90,7 +90,7 @@ print("run folder:", run_dir)
 # With `ref_run` the checkpoint is notebook 04's `sft/final`, the model its DAPO stage started from, and the
 # reference run's own evaluation after DAPO is the "DAPO" row. The notebook first checks that the reference
 # was trained with a config whose held-out questions are the ones the variants will be evaluated on (the same
-# world, seeds and sizes: `kunlunlab/training/comparison.py::reference_mismatch`); a difference there would
+# world, seeds and sizes: `kunlunlab/studies/training_variants.py::reference_mismatch`); a difference there would
 # make the comparison meaningless, so it stops before training anything. Without `ref_run` the SFT stage runs
 # here, with the same config and no DAPO.
 
@@ -142,7 +142,7 @@ print("SFT checkpoint:", sft_final)
 # %% [markdown]
 # ## Running a variant
 #
-# `train_variant` (`kunlunlab/training/comparison.py`) runs the stages of `train()` in order (SFT is
+# `train_variant` (`kunlunlab/studies/training_variants.py`) runs the stages of `train()` in order (SFT is
 # switched off, so it is a no-op; PRL and DAPO run when the variant enables them; then the evaluation after
 # training and `training_summary.json`). It
 # differs from `train()` in one place: `TrainingRun.prl` raises when the tree search found **no preference
@@ -317,7 +317,7 @@ for dataset, title in (("world", "synthetic world"), ("hotpotqa_distractor", "Ho
 # %% [markdown]
 # ## What each variant costs
 #
-# `kunlunlab/training/comparison.py::cost_table`, from each run folder: searches (all of them, and the
+# `kunlunlab/studies/training_variants.py::cost_table`, from each run folder: searches (all of them, and the
 # **agent's own**: less the queries RDRA sends before the first turn, which no reward can cut; those **past the
 # optimal stop** $n - k^\star$, what FrugalRAG's term charges; and the **redundant** ones, which raised the recall
 # of no gold passage, before or after the stop), the **search floor** (the fewest searches that complete each

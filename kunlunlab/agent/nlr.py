@@ -37,7 +37,7 @@ latency (:class:`~kunlunlab.retrieval.service.RetrievalClient`; :func:`network_t
 loopback for a ``with`` block), or a SearxNG instance (:class:`SearxngClient`). If the network search
 fails the router falls back to local results and counts the failure (:meth:`NetworkLocalRouter.summary`);
 it never returns nothing silently. Training data and the ``kunlunlab train-router`` command live in
-:mod:`kunlunlab.agent.nlr_training`.
+:mod:`kunlunlab.training.router`.
 """
 from __future__ import annotations
 

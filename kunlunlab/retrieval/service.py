@@ -17,7 +17,7 @@ instead of letting latency grow without limit. Requests over the limits (``max_q
 429/503) and raises :class:`RetrievalServiceError` with the URL and cause when the service is down or
 answers in another layout: never a silent ``None`` or empty list. :class:`RemoteRetriever` is the client
 behind a :class:`~kunlunlab.retrieval.retriever.Retriever`'s ``search(queries, k)``, for evaluation and
-training (:func:`kunlunlab.retrieval.factory.open_retriever`). :mod:`kunlunlab.retrieval.loadtest` drives
+training (:func:`kunlunlab.retrieval.factory.open_retriever`). :mod:`kunlunlab.bench.loadtest` drives
 the service with many clients.
 """
 from __future__ import annotations

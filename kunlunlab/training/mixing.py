@@ -66,7 +66,6 @@ import random
 import re
 import zlib
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 from kunlunlab.data.types import Passage, QAExample

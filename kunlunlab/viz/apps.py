@@ -1,12 +1,12 @@
 """The interactive widgets of notebooks 03 and 05, also served as Voilà apps (``make app``, ``apps/``).
 
 * :func:`reward_explorer` (notebook 03, ``apps/reward_explorer.ipynb``): pick a hand-written case
-  (:data:`~kunlunlab.training.reward_cases.REWARD_CASES`) or edit the trajectory, the gold answers, the
+  (:data:`~kunlunlab.studies.reward_cases.REWARD_CASES`) or edit the trajectory, the gold answers, the
   model's token count and the weights of eqs. 17-18; the read-out is
   :func:`~kunlunlab.viz.data_views.reward_explanation_html` (the component table and what the parser read).
 * :func:`stie_tuner` (notebook 05, ``apps/stie_tuner.ipynb``): one slider per STIE knob
-  (:data:`~kunlunlab.agent.stie_tuning.CONTROLS`); every move replays STIE over cached rounds and the
-  read-out shows :func:`~kunlunlab.agent.stie_tuning.format_readout` for each set of rounds.
+  (:data:`~kunlunlab.studies.stie_tuning.CONTROLS`); every move replays STIE over cached rounds and the
+  read-out shows :func:`~kunlunlab.studies.stie_tuning.format_readout` for each set of rounds.
   :func:`stie_tuner_app` is the app's version: the labelled loop simulation of notebook 05
   (:func:`simulation_cases`, no model needed), plus the model's cached rounds of a run when
   ``$KUNLUNLAB_ROUNDS`` names them (``rounds.jsonl``, the ``05_stie_tuning`` folder holding it, or the
@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import ipywidgets as widgets
 
 from kunlunlab.agent.stie import STIEConfig
-from kunlunlab.agent.stie_tuning import CONTROLS, Case, cases_from_records, format_readout, readout, simulated_cases
+from kunlunlab.studies.stie_tuning import CONTROLS, Case, cases_from_records, format_readout, readout, simulated_cases
 from kunlunlab.training.rewards import RewardConfig
 
 # The weights of eqs. 17-18 the reward explorer has sliders for, and their range.
@@ -51,7 +51,7 @@ class RewardExplorer(widgets.VBox):
     fills text, gold and tokens; any change re-scores."""
 
     def __init__(self, cfg: RewardConfig | None = None, cases: Sequence[dict] | None = None):
-        from kunlunlab.training.reward_cases import REWARD_CASES
+        from kunlunlab.studies.reward_cases import REWARD_CASES
 
         self.base = cfg or RewardConfig()
         self.cases = list(cases or REWARD_CASES)
@@ -182,7 +182,7 @@ class STIETuner(widgets.VBox):
 
 def simulation_cases(n_questions: int = SIMULATED_QUESTIONS, seed: int = 0, train_config: str | Path = TRAIN_CONFIG,
                      n_rounds: int = 5) -> list[Case]:
-    """Notebook 05's labelled loop simulation (:func:`~kunlunlab.agent.stie_tuning.simulated_cases`),
+    """Notebook 05's labelled loop simulation (:func:`~kunlunlab.studies.stie_tuning.simulated_cases`),
     built as the notebook builds it at its defaults: gold answers of ``n_questions`` questions of the
     training config's synthetic world (question seed ``seed + 2``), the first 50 passage titles as
     distractors. No model and no index: under a second."""

@@ -1,7 +1,7 @@
 """A trajectory browser for evaluation records (notebook 06): pick a question, read what the agent did.
 
 Input: the per-question records :func:`kunlunlab.eval.harness.evaluate` writes (one JSON object per
-line of ``<dataset>.<method>.jsonl``; :func:`kunlunlab.suite.run_suite` returns them as
+line of ``<dataset>.<method>.jsonl``; :func:`kunlunlab.studies.suite.run_suite` returns them as
 ``records[dataset][method]`` and ``ablations[dataset][variant]``). A record holds the question, the
 gold answers, the prediction and its EM / F1, and a ``trajectory``:
 
@@ -397,7 +397,7 @@ def _record_html(record, label: str | None, stie: STIEConfig) -> str:
 def runs_from_suite(records: Mapping[str, Mapping[str, Sequence[dict]]],
                     ablations: Mapping[str, Mapping[str, Sequence[dict]]] | None = None,
                     first: str | None = None) -> dict[str, list[dict]]:
-    """``{"dataset · method": records}`` from :class:`kunlunlab.suite.SuiteResult`'s ``records`` and
+    """``{"dataset · method": records}`` from :class:`kunlunlab.studies.suite.SuiteResult`'s ``records`` and
     ``ablations``: per dataset ``first`` (the method under test) leads, then the baselines, then the
     ablation variants (the reference run, already listed, is not repeated)."""
     runs: dict[str, list[dict]] = {}

@@ -10,7 +10,7 @@ import pytest
 
 from kunlunlab.agent.stie import RoundInput, STIEConfig, STIEController, difference, overlap, replay, words
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS
-from kunlunlab.agent.stie_tuning import cases_from_records, score
+from kunlunlab.studies.stie_tuning import cases_from_records, score
 
 RUSSIA_THEN_FRANCE = [RoundInput("Russia", 0.40, ["d1"]), RoundInput("Russian Federation", 0.45, ["d2"]),
                       RoundInput("Russia", 0.42, ["d3"]), RoundInput("the Russia", 0.41, ["d4"]),
@@ -291,7 +291,7 @@ def test_cases_from_records_and_score():
 
 
 def test_grid_search_on_simulated_loops_prefers_blocking_repeats():
-    from kunlunlab.agent.stie_tuning import grid_search, simulated_cases
+    from kunlunlab.studies.stie_tuning import grid_search, simulated_cases
 
     cases = simulated_cases([f"gold {i}" for i in range(60)], ["Russia", "Spain", "Peru"], n_rounds=5, seed=1)
     base = STIEConfig(max_rounds=5)

@@ -63,7 +63,7 @@ class _FakeRun:
 
 def test_train_variant_runs_the_stages_in_order_and_skips_a_variant_without_pairs(monkeypatch, tmp_path):
     import kunlunlab.training.pipeline as pipeline
-    from kunlunlab.training.comparison import train_variant
+    from kunlunlab.studies.training_variants import train_variant
 
     monkeypatch.setattr(pipeline, "TrainingRun", _FakeRun)
     lines = []

@@ -1,4 +1,4 @@
-"""The evaluation suite's data (kunlunlab.suite.suite_data): held-out questions only."""
+"""The evaluation suite's data (kunlunlab.studies.suite.suite_data): held-out questions only."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
-from kunlunlab.suite import SuiteConfig, suite_data, suite_eval_config
+from kunlunlab.studies.suite import SuiteConfig, suite_data, suite_eval_config
 
 
 def test_2wiki_questions_a_checkpoint_trained_on_are_refused(tmp_path, data_dir):
@@ -53,7 +53,7 @@ def _records(ems: list[float]) -> list[dict]:
 def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
     """The tables notebook 06 shows and `kunlunlab suite` writes (one function behind both): values are
     the hand-computed means of the records."""
-    from kunlunlab.suite import TABLE2_TITLE, SuiteConfig, SuiteResult, ablation_title, suite_tables
+    from kunlunlab.studies.suite import TABLE2_TITLE, SuiteConfig, SuiteResult, ablation_title, suite_tables
 
     result = SuiteResult()
     result.records = {"world": {"naive_rag": _records([0, 0, 1, 0]), "ircot": _records([1, 0, 1, 0]),
@@ -83,7 +83,7 @@ def test_the_benchmarks_search_the_service_and_the_world_its_own_index(tmp_path,
     from kunlunlab.data.loaders import load_named_corpus
     from kunlunlab.retrieval import IndexConfig, build_retriever
     from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread
-    from kunlunlab.suite import run_suite
+    from kunlunlab.studies.suite import run_suite
     from scripted import ScriptedBackend
 
     served = build_retriever(load_named_corpus("hotpotqa_distractor"), IndexConfig(kind="bm25"))

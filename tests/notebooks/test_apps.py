@@ -3,7 +3,7 @@ the read-out. The browser run of the same apps is ``tests/notebooks/test_apps_br
 
 Reward totals are worked out by hand from eqs. 17-18 (``R = w_f format + w_l length + w_a accuracy
 [+ w_s (structure - 1)] + overlong``) and the components each hand-written case is built to get
-(``kunlunlab/training/reward_cases.py``); default weights w_f 0.2, w_l 0.1, w_a 1.0, w_s 0.2.
+(``kunlunlab/studies/reward_cases.py``); default weights w_f 0.2, w_l 0.1, w_a 1.0, w_s 0.2.
 """
 import json
 import re
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kunlunlab.agent.stie import STIEConfig
-from kunlunlab.agent.stie_tuning import CONTROLS, cases_from_records, format_readout, readout
-from kunlunlab.training.reward_cases import REWARD_CASES
+from kunlunlab.studies.stie_tuning import CONTROLS, cases_from_records, format_readout, readout
+from kunlunlab.studies.reward_cases import REWARD_CASES
 from kunlunlab.viz.apps import (REWARD_WEIGHTS, load_rounds, reward_explorer, rounds_file, simulation_cases,
                                 stie_tuner, stie_tuner_app)
 

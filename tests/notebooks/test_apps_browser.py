@@ -106,7 +106,7 @@ def simulated():
 
 def sim_line(config) -> str:
     """The simulation row the tuner must show under ``config``, computed here (no browser, no widget)."""
-    from kunlunlab.agent.stie_tuning import format_readout, readout
+    from kunlunlab.studies.stie_tuning import format_readout, readout
 
     return "simulation: " + " ".join(format_readout(readout(simulated(), config)).split())
 
@@ -120,7 +120,7 @@ def test_stie_tuner_in_the_browser(voila_url, browser, tmp_path):
     from dataclasses import replace
 
     from kunlunlab.agent.stie import RoundInput, STIEConfig
-    from kunlunlab.agent.stie_tuning import format_readout, readout
+    from kunlunlab.studies.stie_tuning import format_readout, readout
 
     model_case = [(CEILING_RECORD["golds"], [RoundInput(r["answer"], r["confidence"], r["doc_ids"])
                                              for r in CEILING_RECORD["trajectory"]["rounds"]])]

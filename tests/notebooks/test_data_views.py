@@ -7,7 +7,7 @@ import pytest
 
 from kunlunlab.retrieval.evaluation import IndexRow
 from kunlunlab.training.mixing import MixingConfig, TrajectoryExample, schedule
-from kunlunlab.training.reward_cases import REWARD_CASES
+from kunlunlab.studies.reward_cases import REWARD_CASES
 from kunlunlab.training.rewards import RewardConfig
 from kunlunlab.viz.data_views import (cluster_allocation_figure, cluster_weights_figure, epoch_table_html,
                                       example_trajectories, index_rows_html, mixed_trajectory_html, mixing_summary,

@@ -211,7 +211,7 @@ def test_reward_explorer_in_jupyterlab(lab, browser, tmp_path):
 
     from selenium.webdriver.common.by import By
 
-    from kunlunlab.training.reward_cases import REWARD_CASES, case_rows
+    from kunlunlab.studies.reward_cases import REWARD_CASES, case_rows
     from kunlunlab.training.rewards import RewardConfig
 
     url, token, _ = lab

@@ -1,11 +1,11 @@
-"""Notebook 07's views and cost columns (kunlunlab.viz.process_views, kunlunlab.training.comparison), on
+"""Notebook 07's views and cost columns (kunlunlab.viz.process_views, kunlunlab.studies.training_variants), on
 hand-written preference pairs, trees and run folders whose expected values are written out here."""
 import json
 
 import plotly.graph_objects as go
 import pytest
 
-from kunlunlab.training.comparison import COST_HEADER, cost_table, generated_tokens, reference_mismatch, run_costs
+from kunlunlab.studies.training_variants import COST_HEADER, cost_table, generated_tokens, reference_mismatch, run_costs
 from kunlunlab.viz.process_views import (ACTION_PAIRS, dapo_runs_figure, pair_stats, pair_stats_figure,
                                          pair_stats_table, tree_html)
 

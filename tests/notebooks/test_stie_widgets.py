@@ -12,7 +12,7 @@ import pytest
 
 from kunlunlab.agent.stie import RoundInput as R
 from kunlunlab.agent.stie import STIEConfig
-from kunlunlab.agent.stie_tuning import CONTROLS, STOP_REASONS, readout, split_halves, tune, validate
+from kunlunlab.studies.stie_tuning import CONTROLS, STOP_REASONS, readout, split_halves, tune, validate
 
 # knob -> (case, value moved to, expected read-out at the default, expected read-out after the move).
 # Read-outs list only the fields that differ from the "quiet" ones: rounds end with the cache, nothing
@@ -147,7 +147,7 @@ def test_validate_tunes_on_even_indices_and_reports_the_odd_ones():
 @pytest.mark.parametrize("name", list(FIXTURE))
 def test_the_tuner_widget_slider_of_each_control_changes_its_readout(name):
     """Notebook 05's widget (``kunlunlab.viz.apps.stie_tuner``): setting the slider itself re-scores."""
-    from kunlunlab.agent.stie_tuning import format_readout
+    from kunlunlab.studies.stie_tuning import format_readout
     from kunlunlab.viz.apps import stie_tuner
 
     case, moved, before, after = FIXTURE[name]

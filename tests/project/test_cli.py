@@ -146,7 +146,7 @@ def _suite_records(ems: list[float], method: str) -> list[dict]:
 def test_suite_writes_table2_and_ablations_from_the_records(tmp_path, monkeypatch, capsys):
     """The CLI maps flags and --set onto SuiteConfig and turns the suite's records into the same tables as
     notebook 06 (values below are the hand-computed means of the records)."""
-    import kunlunlab.suite as suite
+    import kunlunlab.studies.suite as suite
 
     seen = {}
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from kunlunlab.cli import main as cli_main
 from kunlunlab.retrieval import Hit, IndexConfig, build_retriever, load_retriever, save_retriever
-from kunlunlab.retrieval.loadtest import run_load
+from kunlunlab.bench.loadtest import run_load
 from kunlunlab.retrieval.service import (RetrievalClient, RetrievalServiceError, ServiceThread, create_app,
                                          free_port)
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from kunlunlab.training.reward_cases import REWARD_CASES
+from kunlunlab.studies.reward_cases import REWARD_CASES
 from kunlunlab.training.rewards import (ParseRecord, RewardConfig, overlong_penalty, parse_completion,
                                         reward_functions, score)
 

@@ -12,7 +12,7 @@ import pytest
 
 from kunlunlab.configs import leaf_paths, read_config_file
 from kunlunlab.paths import PROJECT_ROOT
-from kunlunlab.training.comparison import reference_mismatch
+from kunlunlab.studies.training_variants import reference_mismatch
 from kunlunlab.training.config import TrainConfig, inert_fields, load_config
 from kunlunlab.training.mixing import MixingConfig
 from kunlunlab.data.splits import load_splits

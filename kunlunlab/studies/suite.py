@@ -4,7 +4,7 @@ and its inference ablations (−RDRA, −STIE, the plain agent, NLR), on questio
 NLR (§2.4) needs two tiers. With ``nlr`` on, the suite builds them on the synthetic world: the local tier
 is a seeded half of the world's passages, the network tier the retrieval service over the whole world
 on loopback with ``nlr_latency_ms`` added per request. It trains the routing policy
-(:func:`kunlunlab.agent.nlr_training.train_router`, on the router's own training questions), then runs
+(:func:`kunlunlab.training.router.train_router`, on the router's own training questions), then runs
 ``kunlun`` twice on the held-out world questions: with the local half alone (``local ½, no NLR``) and with
 the trained router over both tiers (``+NLR``). Their rows sit beside the full-corpus ``kunlun`` row, and
 the router's decisions, latency and network errors go to :attr:`SuiteResult.router`.
@@ -198,7 +198,7 @@ def _nlr_rows(cfg: SuiteConfig, base, passages, examples, out_dir: Path, variant
     """Trains the router on the world of the training config, then evaluates ``kunlun`` on the local half
     alone and with the router over both tiers (see the module docstring)."""
     from kunlunlab.agent.nlr import network_tier
-    from kunlunlab.agent.nlr_training import RouterTrainConfig, train_router
+    from kunlunlab.training.router import RouterTrainConfig, train_router
     from kunlunlab.data.loaders import load_corpus
     from kunlunlab.training.config import load_config
 

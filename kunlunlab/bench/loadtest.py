@@ -8,7 +8,7 @@ whose last answer after the retries was not 200, ``lost`` are requests that neve
 :class:`~kunlunlab.retrieval.service.RetrievalClient` (backoff, ``Retry-After`` on 429/503), so a
 service restart shorter than the retry budget costs latency, not requests.
 
-    python -m kunlunlab.retrieval.loadtest http://127.0.0.1:8000 --queries-file q.txt --clients 32 --duration 60
+    python -m kunlunlab.bench.loadtest http://127.0.0.1:8000 --queries-file q.txt --clients 32 --duration 60
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def run_load(url: str, queries: Sequence[str], clients: int, duration_s: float, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kunlunlab.retrieval.loadtest", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kunlunlab.bench.loadtest", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url")
     parser.add_argument("--queries-file", required=True, help="one query per line")

@@ -1,0 +1,132 @@
+"""Benchmarks that print their figures, JSON as the last line.
+
+    python -m kunlunlab.bench retrieval [--n 100000] [--mode world|gaussian] [--queries 1000]
+    python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
+    python -m kunlunlab.bench answer-block [--batch 8] [--tokens 32] [--repeats 3]
+    python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
+    python -m kunlunlab.bench encode [--n 10000] [--precisions float32,onnx,bfloat16,int8]
+    python -m kunlunlab.bench build [--n 10000] [--index-n 1000000] [--engine stream|ray]
+    python -m kunlunlab.bench exact-search [--device cuda] [--n 21000000|max] [--dtype float16] [--queries 64]
+
+``retrieval``: exact Flat vs IVF-PQ vs the clustering retriever, one query at a time, the same
+FAISS thread count for every index, recall@10 against exact top-10, measured by
+:func:`kunlunlab.retrieval.evaluation.compare_indexes` (the comparison notebook 01 draws). ``world``
+mode embeds synthetic-world passages with the embedder (cached after the first run) and queries with the
+sub-questions of the world's gold chains (the queries an agent actually issues); ``gaussian``
+mode draws a mixture of Gaussians, for 1M+ vectors without the embedding cost.
+
+``rollout``: token throughput of the multi-turn rollout (generation, one batched retrieval call
+per turn, result blocks prefilled into the KV cache) against plain batched generation of the same
+number of tokens per row on the same model and prompts; plus retrieval time per call and STIE time
+per round. The embedded model does not search on its own before training, so the benchmark opens
+each turn with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model
+writes, the retrieval calls and the appended results are all real.
+
+``answer-block``: the cost of STIE's generation block (eq. 13) in the local session. One batch, half of the
+rows opened inside an answer box (``<short_answer>\\boxed{``), half before a search; passes interleaved over
+three modes: ``none`` (no row blocked: the path of every row without blocked answers), ``answering`` (the
+rows inside the box carry the block of an answer repeated K times, from a real STIE controller) and ``all``
+(every row carries it). Generated tokens/s per mode (median of ``--repeats`` passes), the ratio to ``none``,
+the host time of the block's checks per step and its share of the pass (the load-independent figure), and
+whether the rows without a block generated the same tokens as in ``none``. One torch thread by default:
+with two on the shared 2-core machine single passes varied 0.8-54 s (OpenMP threads spinning against other
+jobs), with one 0.77-1.32 s.
+
+``exact-search``: exact top-k of one batch of queries over N random unit vectors by the flat index on a
+device (FAISS on the CPU; on a GPU faiss-gpu or torch's matrix product in float16/bfloat16), the vectors
+drawn on the device itself; ``--n max`` sizes N to 80 % of the free memory.
+
+``service``: the retrieval service under ``--clients`` concurrent closed-loop clients, micro-batching
+on and then off (one request per search), same index and queries; requests/s, p50/p99 latency,
+errors, lost requests and ``batching_speedup`` (requests/s with batching / without).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from kunlunlab.bench.answer_block import AnswerBlockBenchConfig, bench_answer_block
+from kunlunlab.bench.build import BuildBenchConfig, bench_build
+from kunlunlab.bench.encode import EncodeBenchConfig, bench_encode
+from kunlunlab.bench.exact_search import ExactSearchBenchConfig, bench_exact_search
+from kunlunlab.bench.retrieval import RetrievalBenchConfig, bench_retrieval, gaussian_mixture, gaussian_vectors
+from kunlunlab.bench.rollout import RolloutBenchConfig, bench_rollout
+from kunlunlab.bench.service import ServiceBenchConfig, bench_service
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kunlunlab.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="which", required=True)
+    r = sub.add_parser("retrieval", help="Flat vs IVF-PQ vs clustering retriever")
+    defaults = RetrievalBenchConfig()
+    for name, value in asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):  # --pareto / --no-pareto
+            r.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+        else:
+            r.add_argument(flag, type=type(value) if value is not None else str, default=value)
+    o = sub.add_parser("rollout", help="multi-turn rollout vs plain batched generation; STIE cost")
+    rollout_defaults = RolloutBenchConfig()
+    for name, value in asdict(rollout_defaults).items():
+        o.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    a = sub.add_parser("answer-block", help="cost of STIE's generation block (eq. 13) in the local session")
+    block_defaults = AnswerBlockBenchConfig()
+    for name, value in asdict(block_defaults).items():
+        a.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    e = sub.add_parser("encode", help="query encoding: queries/s at batch 1/8/64 per precision, recall@10 change")
+    encode_defaults = EncodeBenchConfig()
+    for name, value in asdict(encode_defaults).items():
+        e.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    v = sub.add_parser("service", help="retrieval service under concurrent clients, micro-batching on vs off")
+    service_defaults = ServiceBenchConfig()
+    for name, value in asdict(service_defaults).items():
+        v.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    d = sub.add_parser("build", help="peak memory and time of a streamed (sharded) index build")
+    build_defaults = BuildBenchConfig()
+    for name, value in asdict(build_defaults).items():
+        d.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
+    x = sub.add_parser("exact-search", help="exact top-k of a batch of queries over N random vectors on a device "
+                                            "(--n max: the most that fit in 80%% of free memory)")
+    exact_defaults = ExactSearchBenchConfig()
+    for name, value in asdict(exact_defaults).items():
+        x.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    args = parser.parse_args(argv)
+    if args.which == "exact-search":
+        try:
+            result = bench_exact_search(ExactSearchBenchConfig(**{k: getattr(args, k) for k in asdict(exact_defaults)}))
+        except ValueError as err:  # a device without a GPU, an N that does not fit, a bad dtype: one line
+            print(f"python -m kunlunlab.bench exact-search: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps(result))
+        return 0
+    if args.which == "answer-block":
+        cfg = AnswerBlockBenchConfig(**{k: getattr(args, k) for k in asdict(block_defaults)})
+        print(json.dumps(bench_answer_block(cfg)))
+        return 0
+    if args.which == "build":
+        print(json.dumps(bench_build(BuildBenchConfig(**{k: getattr(args, k) for k in asdict(build_defaults)}))))
+        return 0
+    if args.which == "service":
+        print(json.dumps(bench_service(ServiceBenchConfig(**{k: getattr(args, k) for k in asdict(service_defaults)}))))
+        return 0
+    if args.which == "encode":
+        print(json.dumps(bench_encode(EncodeBenchConfig(**{k: getattr(args, k) for k in asdict(encode_defaults)}))))
+        return 0
+    if args.which == "retrieval":
+        cfg = RetrievalBenchConfig(**{k: getattr(args, k) for k in asdict(defaults)})
+        print(json.dumps(bench_retrieval(cfg)))
+    else:
+        cfg = RolloutBenchConfig(**{k: getattr(args, k) for k in asdict(rollout_defaults)})
+        print(json.dumps(bench_rollout(cfg)))
+    return 0
+
+
+
+
+__all__ = ["AnswerBlockBenchConfig", "BuildBenchConfig", "EncodeBenchConfig", "ExactSearchBenchConfig",
+           "RetrievalBenchConfig", "RolloutBenchConfig", "ServiceBenchConfig", "bench_answer_block", "bench_build",
+           "bench_encode", "bench_exact_search", "bench_retrieval", "bench_rollout", "bench_service",
+           "gaussian_mixture", "gaussian_vectors", "main"]

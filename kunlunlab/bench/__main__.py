@@ -1,0 +1,4 @@
+"""``python -m kunlunlab.bench``: see :mod:`kunlunlab.bench`."""
+from kunlunlab.bench import main
+
+raise SystemExit(main())
