@@ -4,14 +4,19 @@ The runner executes the notebooks' jupytext sources (``notebooks/NN_name.py``, w
 ``.ipynb`` is kept in step by jupytext and checked by the tests). Each notebook gets ``run_dir`` (its own
 folder inside the run) and ``smoke`` as parameters and writes its figures and a ``metrics.json`` there; the
 run folder also receives the executed notebook and a static HTML rendering of it (every plotly figure
-embedded), and the runner gathers the metrics into ``summary.json``/``summary.md``. Nothing is written into
-``notebooks/``.
+embedded, every equation as MathML so the page needs no network), and the runner gathers the metrics into
+``summary.json``/``summary.md``. Nothing is written into ``notebooks/``.
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
+
+import nbformat
+from latex2mathml.converter import convert as latex_to_mathml
+from nbconvert import HTMLExporter
 
 from kunlunlab.paths import PROJECT_ROOT, new_run_dir
 
@@ -38,8 +43,6 @@ def read_notebook(path: Path):
 def pairing_problems(directory: Path | None = None) -> list[str]:
     """What is wrong with the notebook pairs in ``directory``: a ``.py`` source without its ``.ipynb``, a pair
     whose cells differ (one side edited without jupytext), or a committed ``.ipynb`` carrying outputs."""
-    import nbformat
-
     problems = []
     for source in sorted(Path(directory or NOTEBOOK_DIR).glob("[0-9][0-9]_*.py")):
         paired = source.with_suffix(".ipynb")
@@ -54,11 +57,35 @@ def pairing_problems(directory: Path | None = None) -> list[str]:
     return problems
 
 
-def render_html(executed: Path) -> Path:
-    """A static HTML page of an executed notebook (outputs included), beside it."""
-    from nbconvert import HTMLExporter
+# code (fenced blocks, spans) is left as written; outside it, $$display$$ and $inline$ math (not an escaped \$)
+_CODE = re.compile(r"(```.*?```|`[^`\n]*`)", re.S)
+_MATH = re.compile(r"\$\$(.+?)\$\$|(?<![\\$])\$([^$\n]+?)\$", re.S)
 
-    body, _ = HTMLExporter().from_filename(str(executed))
+
+def markdown_math_to_mathml(markdown: str) -> str:
+    """``markdown`` with its LaTeX math as MathML, which browsers render without a script: the static pages
+    then show the equations offline (nbconvert's MathJax comes from a CDN). A formula latex2mathml cannot
+    convert is left as written (the page then shows its source, as it would without MathJax)."""
+
+    def one(match: re.Match) -> str:
+        display = match.group(1) is not None
+        try:
+            mathml = latex_to_mathml((match.group(1) if display else match.group(2)).strip(),
+                                     display="block" if display else "inline")
+        except Exception:  # latex2mathml raises many types on unsupported input; the source stays readable
+            return match.group(0)
+        return mathml.replace("\\_", "_")
+
+    return "".join(part if _CODE.fullmatch(part) else _MATH.sub(one, part) for part in _CODE.split(markdown))
+
+
+def render_html(executed: Path) -> Path:
+    """A static HTML page of an executed notebook (outputs included, equations as MathML), beside it."""
+    nb = nbformat.read(executed, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = markdown_math_to_mathml(cell.source)
+    body, _ = HTMLExporter().from_notebook_node(nb)
     out = executed.with_suffix(".html")
     out.write_text(body, encoding="utf-8")
     return out

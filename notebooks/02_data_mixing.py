@@ -173,3 +173,27 @@ if run_dir is not None:  # always set: notebook_run_dir
             f.write(json.dumps(t.to_dict()) + "\n")
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
 metrics["mean_tokens"]
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json`.
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text())
+epochs = shown["per_epoch"]
+first, last = min(epochs, key=int), max(epochs, key=int)
+print(f"{shown['trajectories']} SFT trajectories over {len(epochs)} epochs; sources {shown['sources']}")
+print(f"epoch {first}: {epochs[first].get('hq', 0)} high-quality, {epochs[first].get('noisy', 0)} noisy; "
+      f"epoch {last}: {epochs[last].get('hq', 0)} high-quality, {epochs[last].get('noisy', 0)} noisy")
+print("mean tokens per quality:", shown.get("mean_tokens"), "| mean searches:", shown.get("mean_searches"))
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Set `overrides = {"mixing.hq_share_start": 1.0}`: every epoch is high-quality. What happens to the noisy
+#    share per epoch, and which behaviour (recovering from a distractor) does SFT then never see?
+# 2. Move the turning point, `{"mixing.turning_epoch": 1}`: compare the schedule figure with eqs. (14)–(16).
+# 3. Set `{"mixing.quote_evidence": True}`: how much longer do trajectories get, and where do the extra tokens sit?
+# 4. Which noise kind adds the most tokens per trajectory, and why does background noise add none to the
+#    model's own text?

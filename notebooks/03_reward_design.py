@@ -142,3 +142,25 @@ for label, order in rankings.items():
     metrics[f"ranking_{label}"] = order
 if run_dir is not None:
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json`.
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text()) if run_dir else metrics
+best, worst = max(shown["cases"], key=shown["cases"].get), min(shown["cases"], key=shown["cases"].get)
+print(f"highest total: {best} ({shown['cases'][best]:.3f}); lowest: {worst} ({shown['cases'][worst]:.3f})")
+for label in ("default", "format-heavy"):
+    print(f"ranking under {label} weights:", " > ".join(shown[f"ranking_{label}"]))
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Set `accuracy = "f1"`: which cases gain partial credit, and does `verbose` now beat `wrong` by more?
+# 2. Raise `w_format` to 1.0 and lower `w_accuracy` to 0.5: find the first case where a malformed but correct
+#    answer loses to a well-formed wrong one. Would you train with those weights?
+# 3. Lower `overlong_max_tokens` to 256: which case does overlong shaping now punish, and by how much?
+# 4. In the explorer, write a long answer of 10 words: why does the long-answer mode (eq. 18) score it below a
+#    short answer with the same box, and which parameter would change that?

@@ -191,3 +191,26 @@ print("trajectory mix:", summary["trajectory_mix"])
 # %%
 (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
 {k: summary[k] for k in ("em_before", "em_after", "format_compliance_before", "format_compliance_after", "seconds")}
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json` (the training summary).
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text())
+print(f"held-out EM {shown.get('em_before')} before training -> {shown.get('em_after')} after, on "
+      f"{shown.get('heldout_questions')} held-out questions")
+print(f"format compliance {shown.get('format_compliance_before')} -> {shown.get('format_compliance_after')}; "
+      f"{shown.get('steps')} optimizer steps in {shown.get('seconds')} s {shown.get('seconds_by_stage')}")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Set `overrides = {"dapo.enabled": False}` and compare EM after SFT alone with this run's: how much did DAPO add
+#    here, and is that inside the noise of 40 questions (see notebook 06's paired intervals)?
+# 2. Set `{"agent.method": "agent", "eval.method": "agent"}` to train the plain search-think agent: does the
+#    whole method (RDRA + STIE) beat it at this model size? (The README's table gives the measured answer.)
+# 3. Set `{"dapo.updates_per_generation": 2}` and look at `clip_ratio` in the DAPO log: why does clip-higher bind
+#    only with more than one update per rollout batch?
+# 4. Set `{"sft.learning_rate": 1e-4}`: how do the SFT loss curve and EM after SFT move?

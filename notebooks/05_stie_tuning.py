@@ -336,3 +336,29 @@ metrics.update({
 if run_dir:
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
 metrics
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json`.
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text()) if run_dir else metrics
+print(f"simulation: first answer EM {shown['simulation_first_answer_em']:.3f}, STIE with defaults "
+      f"{shown['simulation_default_em']:.3f}")
+print(f"model's rounds with defaults: EM {shown['model_default']['em']:.3f}, "
+      f"{shown['model_default']['rounds']:.2f} rounds per question")
+for name, t in shown["tuned_vs_default"].items():
+    half = t["heldout_half"]
+    print(f"{name}: held-out half (n = {t['n_heldout']}) EM default {half['default']['em']:.3f}, "
+          f"tuned {half['tuned']['em']:.3f}")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Lower δ1 (`delta1`) to 0.3 with the sliders and explain the new stop reasons on the paper's example.
+# 2. Set K (`repeat_k`) to 2: on the simulation, how many correct answers does blocking now throw away?
+# 3. Rerun with `rounds = 2`: why can the repeat block (eq. 13) never act, and what does that say about the
+#    numbers of notebook 06, whose records have at most two answer rounds per question?
+# 4. The tuned setting wins on the tuning half by construction. By how much does it win on the held-out half,
+#    and how many questions is that?

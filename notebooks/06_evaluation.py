@@ -287,3 +287,26 @@ metrics = {"model": model, "tables": tables_out, "seconds": result.seconds, "rou
                          for s in result.summaries]}
 (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
 {"kunlun vs best baseline": rows[-1], "seconds": result.seconds}
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json`.
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text())
+for s in shown["summaries"]:
+    print(f"{s['dataset']!s:22} {s['variant']!s:24} n = {s['n']!s:>3}  EM {s['em']}  searches/question "
+          f"{s['searches_per_question']}")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Set `world_questions = 100`: how much narrower does the paired interval of `kunlun` − best baseline get,
+#    and does its sign change?
+# 2. Drop `−STIE` from `ablations` and add it back with `limit = 20`: on how many questions does STIE change the
+#    answer at all, and why (see notebook 05's rounds per question)?
+# 3. Point `retriever_url` at a `kunlunlab serve-retriever` over the HotpotQA paragraphs: does EM on
+#    `hotpotqa_distractor` move when retrieval runs through the service?
+# 4. Pick a wrong `kunlun` answer in the trajectory browser: was the gold passage retrieved? If so, the model read
+#    badly; if not, the search missed. Count a few of each.

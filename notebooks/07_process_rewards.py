@@ -409,3 +409,25 @@ metrics = {"ref_run": str(ref_run) if ref_run else None, "sft_checkpoint": str(s
            "untrained": untrained, "mcts": mcts_stats, "preference_pairs": stats}
 (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
 {name: (v.get("world") or {}).get("em") for name, v in metrics["variants"].items()}
+
+# %% [markdown]
+# ## What this run showed
+#
+# Read back from this run's `metrics.json`.
+
+# %%
+shown = json.loads((run_dir / "metrics.json").read_text())
+for name, v in shown["variants"].items():
+    world = v.get("world") or {}
+    print(f"{name:14} world EM {world.get('em')}  searches/question {world.get('searches')}  "
+          f"Δ EM vs DAPO {world.get('delta_em_vs_dapo')}")
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. Raise `budget_weight` to 2.0: do searches per question fall further, and what does EM pay for it?
+# 2. Set `budget_extra = "redundant"`: the budget now charges searches that found nothing new, before the optimal
+#    stop too. Compare searches per question with FrugalRAG's `past_stop`.
+# 3. Set `flat_includes_budget = True`: groups whose answers are all right but whose search counts differ now stay
+#    in DAPO's loss. Does the budget bind sooner?
+# 4. Raise `mcts_iterations` to 6: how many more preference pairs does ReasonRAG get, and does its EM move?

@@ -81,3 +81,27 @@ def test_a_relative_run_folder_is_the_callers_not_the_notebooks(tmp_path, monkey
     assert summary["ok"], summary
     assert (tmp_path / "rel" / "run" / "99_where" / "metrics.json").is_file()
     assert summary["notebooks"][0]["metrics"] == {"run_dir": str(tmp_path / "rel" / "run" / "99_where")}
+
+
+def test_static_pages_carry_their_equations_as_mathml_and_leave_code_alone(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "The overlap:\n\n$$O(a, b) = \\frac{|W(a) \\cap W(b)|}{|W(a) \\cup W(b)|} \\tag{6}$$\n\n"
+        "with $a_t$ the answer of round $t$; a shell variable stays code: `echo $HOME $PATH`."),
+        nbformat.v4.new_code_cell("x = 1")]
+    nbformat.write(nb, tmp_path / "lesson.ipynb")
+    page = runner.render_html(tmp_path / "lesson.ipynb").read_text()
+    body = page[page.index("The overlap"):]
+    assert body.count('<math display="block"') == 1
+    assert body.count('display="inline"') == 2
+    assert "<mfrac>" in body and "(6)" in body  # the fraction and the equation's number, rendered
+    assert "$$" not in body and "$a_t$" not in body
+    assert "echo $HOME $PATH" in body  # code spans are not math
+
+
+def test_a_formula_that_cannot_be_converted_stays_as_written():
+    # "a^" has no superscript: latex2mathml raises, and the page shows the source as MathJax-less pages do
+    assert runner.markdown_math_to_mathml("broken $a^$ and fine $b$") .startswith("broken $a^$ and fine <math")
+    assert runner.markdown_math_to_mathml("no math, 5 dollars") == "no math, 5 dollars"
