@@ -264,6 +264,38 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rerun(args: argparse.Namespace) -> int:
+    """A kept training result rerun by name (``experiments/configs/runs/<name>.json``), the runs it starts
+    from first; without a name, the names and what each reproduces."""
+    from kunlunlab.models import ModelNotAvailableError
+    from kunlunlab.retrieval.service import RetrievalServiceError
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, RunFolderConflict
+    from kunlunlab.training.reruns import UnknownRunError, read_run_config, rerun, rerun_plan, run_names
+
+    if not args.name:
+        runs = {name: {k: read_run_config(name)[k] for k in ("record", "note")} for name in run_names()}
+        for name, info in runs.items():
+            print(f"{name:34} {info['note']}")
+        print(json.dumps(runs))
+        return 0
+    runs_root = Path(args.runs_dir)
+    try:
+        plan = rerun_plan(args.name, runs_root)
+    except (UnknownRunError, ValueError, TypeError) as err:
+        return _fail("rerun", err)
+    if args.dry_run:
+        print(json.dumps({"name": args.name, "plan": [step.to_dict() for step in plan]}))
+        return 0
+    try:
+        summaries = rerun(args.name, runs_root, SMOKE_OVERRIDES if args.smoke else None,
+                          progress=lambda msg: print(msg, flush=True))
+    except (RunFolderConflict, RetrievalServiceError, FileNotFoundError, ModelNotAvailableError) as err:
+        return _fail("rerun", err)
+    print(json.dumps({"name": args.name, "runs": [str(step.run_dir) for step in plan],
+                      "em_after": {step.name: s.get("em_after") for step, s in zip(plan, summaries)}}))
+    return 0
+
+
 def cmd_compare_runs(args: argparse.Namespace) -> int:
     """Training ablations: finished training runs compared on the same held-out questions."""
     from kunlunlab.runner import markdown_table
@@ -496,6 +528,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--world-size", type=int, default=None, help="training processes to plan for (default: this "
                    "launch's WORLD_SIZE, else 1), e.g. --dry-run --world-size 7 for the 8-GPU recipe")
     t.set_defaults(func=cmd_train)
+
+    r = sub.add_parser("rerun", help="rerun a kept training result by name (experiments/configs/runs/<name>.json), "
+                                     "the runs it starts from first; no name: list them")
+    r.add_argument("name", nargs="?", default=None, help="e.g. budget_192.flat_w05 (no name: the list)")
+    r.add_argument("--runs-dir", default="runs", help="where each run gets its folder <runs-dir>/<name> (default runs/); "
+                   "a finished one is reused, an interrupted one resumed")
+    r.add_argument("--dry-run", action="store_true", help="print the plan (runs, folders, checkpoints) as one JSON line")
+    r.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
+    r.set_defaults(func=cmd_rerun)
 
     n = sub.add_parser("train-router", help="train NLR's routing policy against a loopback network tier; "
                                             "JSON summary as the last line")
