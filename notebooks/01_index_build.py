@@ -51,8 +51,8 @@ import numpy as np
 from kunlunlab.data.loaders import load_named_corpus
 from kunlunlab.data import World, make_questions, load_benchmark
 from kunlunlab.retrieval import BM25Index, ClusterConfig, Encoder, IndexConfig, Retriever, corpus_embeddings
-from kunlunlab.retrieval.evaluation import (ParetoGrids, best_at, cluster_allocation, compare_indexes,
-                                            dynamic_vs_nearest, evidence_recall, pareto_sweep)
+from kunlunlab.retrieval.evaluation import cluster_allocation, compare_indexes, evidence_recall
+from kunlunlab.retrieval.pareto import ParetoGrids, best_at, dynamic_vs_nearest, pareto_sweep
 from kunlunlab.viz import memory_figure, pareto_figure, recall_latency_figure, save_figure
 from kunlunlab.viz.data_views import cluster_allocation_figure, cluster_weights_figure, index_rows_html
 from IPython.display import HTML, display

@@ -80,11 +80,12 @@ def bench_retrieval(cfg: RetrievalBenchConfig) -> dict:
     their default settings (candidate budget ``budget``, 0: auto), measured by
     :func:`~kunlunlab.retrieval.evaluation.compare_indexes` (the comparison notebook 01 draws), after
     ``warmup_queries`` served queries distinct from the timed ones. With ``pareto``, also
-    :func:`~kunlunlab.retrieval.evaluation.pareto_sweep` over the same builds and queries: ``pareto`` (one
+    :func:`~kunlunlab.retrieval.pareto.pareto_sweep` over the same builds and queries: ``pareto`` (one
     row per family and setting) and ``best_at_095`` (per family, the fastest setting with recall@10 ≥ 0.95,
     or None and the best recall reached)."""
     from kunlunlab.retrieval.clustered import ClusterConfig
-    from kunlunlab.retrieval.evaluation import best_at, compare_indexes, pareto_sweep
+    from kunlunlab.retrieval.evaluation import compare_indexes
+    from kunlunlab.retrieval.pareto import best_at, pareto_sweep
     from kunlunlab.retrieval.indexes import HNSWConfig
 
     total_queries = cfg.queries + cfg.warmup_queries

@@ -11,7 +11,7 @@ from conftest import exact_top
 from kunlunlab.bench import gaussian_vectors
 from kunlunlab.retrieval import ClusterConfig, ClusterRetriever
 from kunlunlab.retrieval.clustered import auto_candidate_budget
-from kunlunlab.retrieval.evaluation import PARETO_FAMILIES, ParetoGrids, best_at, pareto_sweep
+from kunlunlab.retrieval.pareto import PARETO_FAMILIES, ParetoGrids, best_at, pareto_sweep
 
 DIM, K = 64, 10
 SMALL = ParetoGrids(ef_search=(16, 200), ivf_nprobe=(1, 1000), ivfpq_nprobe=(4,), refine_nprobe=(4, 32),
@@ -157,7 +157,7 @@ def test_auto_budget_follows_the_rule_and_grows_with_n(data):
 
 
 def test_dynamic_vs_nearest_pairs_equal_budgets_and_states_the_verdict():
-    from kunlunlab.retrieval.evaluation import dynamic_vs_nearest
+    from kunlunlab.retrieval.pareto import dynamic_vs_nearest
 
     def row(family, setting, budget, recall, ms):
         return {"family": family, "setting": setting, "budget": budget, "recall_at_10": recall, "ms": ms}
