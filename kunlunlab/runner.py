@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
 import nbformat
+import psutil
 from latex2mathml.converter import convert as latex_to_mathml
 from nbconvert import HTMLExporter
 
@@ -91,6 +93,39 @@ def render_html(executed: Path) -> Path:
     return out
 
 
+class PeakMemory:
+    """The peak resident memory of this process's descendants (a notebook's kernel and whatever it starts:
+    accelerate ranks, a retrieval service, Ray workers), sampled every ``interval`` seconds while the block
+    runs: what a laptop must hold beside the runner itself. ``peak_bytes`` after the block."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval, self.peak_bytes = interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _current(self) -> int:
+        total = 0
+        for child in psutil.Process().children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # a child that ended between listing and reading
+                continue
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, self._current())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | None = None,
                  progress: bool = False) -> dict:
     """Executes one notebook into ``run_dir/<stem>.ipynb`` (+ ``.html``); its own outputs go to ``run_dir/<stem>/``.
@@ -106,13 +141,16 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
     executed = run_dir / f"{path.stem}.ipynb"
     start = time.perf_counter()
     record = {"notebook": path.stem, "source": path.name, "executed": str(executed)}
-    try:
-        pm.execute_notebook(read_notebook(path), str(executed), parameters=params, cwd=str(path.parent),
-                            kernel_name="python3", progress_bar=progress, stdout_file=sys.stdout if progress else None)
-        record["ok"] = True
-    except pm.PapermillExecutionError as err:
-        record.update(ok=False, error=f"{err.ename}: {err.evalue}", cell=err.exec_count)
+    with PeakMemory() as memory:
+        try:
+            pm.execute_notebook(read_notebook(path), str(executed), parameters=params, cwd=str(path.parent),
+                                kernel_name="python3", progress_bar=progress,
+                                stdout_file=sys.stdout if progress else None)
+            record["ok"] = True
+        except pm.PapermillExecutionError as err:
+            record.update(ok=False, error=f"{err.ename}: {err.evalue}", cell=err.exec_count)
     record["seconds"] = round(time.perf_counter() - start, 1)
+    record["peak_rss_gb"] = round(memory.peak_bytes / 2**30, 2)
     if executed.is_file():  # a failed notebook is rendered too: the page shows where it stopped
         record["html"] = str(render_html(executed))
     metrics = out_dir / "metrics.json"
@@ -181,7 +219,8 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
         record = run_notebook(path, run_dir, smoke=smoke, extra=extra, progress=progress)
         if path.stem == TRAINING_NOTEBOOK and record["ok"]:
             trained = trained_model(run_dir / path.stem)
-        print(f"[run] {path.stem}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']} s; "
+        print(f"[run] {path.stem}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']} s, "
+              f"peak {record['peak_rss_gb']} GB resident; "
               f"executed copy {record['executed']})", flush=True)
         records.append(record)
     summary = {"run_dir": str(run_dir), "smoke": smoke, "ok": all(r["ok"] for r in records) and bool(records),
@@ -189,7 +228,8 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     lines = [f"# Run {run_dir.name}", ""]
     for r in records:
-        lines.append(f"## {r['notebook']} — {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s")
+        lines.append(f"## {r['notebook']} — {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s, "
+                     f"peak {r['peak_rss_gb']} GB resident")
         metrics = dict(r.get("metrics") or {})
         tables = metrics.pop("tables", {})
         for key, value in metrics.items():

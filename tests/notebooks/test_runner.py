@@ -105,3 +105,21 @@ def test_a_formula_that_cannot_be_converted_stays_as_written():
     # "a^" has no superscript: latex2mathml raises, and the page shows the source as MathJax-less pages do
     assert runner.markdown_math_to_mathml("broken $a^$ and fine $b$") .startswith("broken $a^$ and fine <math")
     assert runner.markdown_math_to_mathml("no math, 5 dollars") == "no math, 5 dollars"
+
+
+def test_each_notebook_reports_its_peak_resident_memory(tmp_path, monkeypatch):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"),
+                nbformat.v4.new_code_cell("import time\nimport numpy as np\n"
+                                          "held = np.ones(400_000_000 // 8)  # 400 MB, touched\ntime.sleep(2)")]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "nbs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "98_memory.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    record = summary["notebooks"][0]
+    assert record["ok"] and 0.4 * 1e9 / 2**30 <= record["peak_rss_gb"] < 4  # the array and a kernel, not more
+    assert f"peak {record['peak_rss_gb']} GB resident" in (tmp_path / "run" / "summary.md").read_text()
