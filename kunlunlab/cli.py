@@ -381,16 +381,25 @@ def cmd_train_router(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from kunlunlab.agent.methods import METHODS  # the CLI's choices are the package's constants
-    from kunlunlab.retrieval.clustered import NLIST_METHODS
-    from kunlunlab.retrieval.retriever import INDEX_KINDS
-    from kunlunlab.models import INFERENCE_DTYPES
-    from kunlunlab.training.pipeline import HELDOUT_FILES
+CHECKPOINT_DEFAULT = " (default: the checkpoint's kunlunlab_agent.json, else %s)"  # eval and suite flags
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kunlunlab`` parser, one sub-parser per command (each defined by the function below it). The
+    choices of a few flags are the package's constants, imported inside those functions so that
+    ``kunlunlab --help`` loads no model library."""
     parser = argparse.ArgumentParser(prog="kunlunlab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_build_index_parser, _serve_retriever_parser, _serve_llm_parser, _eval_parser, _train_parser,
+                _rerun_parser, _train_router_parser, _compare_runs_parser, _suite_parser, _run_notebooks_parser):
+        add(sub)
+    return parser
+
+
+def _build_index_parser(sub) -> None:
+    from kunlunlab.retrieval.clustered import NLIST_METHODS
+    from kunlunlab.retrieval.retriever import INDEX_KINDS
 
     b = sub.add_parser("build-index", help="embed a corpus and build an index (notebook 01)")
     b.add_argument("--corpus", default=None, help="'world' (default), 'hotpotqa_distractor', '2wiki' or a corpus "
@@ -428,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--keep-shards", action="store_true", help="stream/ray: keep <out>/shards after the build")
     b.set_defaults(func=cmd_build_index)
 
+
+def _serve_retriever_parser(sub) -> None:
     s = sub.add_parser("serve-retriever", help="serve a saved index over HTTP (POST /retrieve, GET /health)")
     s.add_argument("--index", required=True)
     s.add_argument("--embedder", default=None, help="refuse to serve unless the index was built with this")
@@ -450,6 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "other cores to the HTTP server on a small machine)")
     s.set_defaults(func=cmd_serve)
 
+
+def _serve_llm_parser(sub) -> None:
+    from kunlunlab.models import INFERENCE_DTYPES
+
     m = sub.add_parser("serve-llm", help="serve a local model on an OpenAI-compatible /v1/completions endpoint")
     m.add_argument("--model", default=None, help="hub id or local path (default: embedded SmolLM2)")
     m.add_argument("--host", default="127.0.0.1")
@@ -459,14 +474,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "a GPU with it and on CPUs that multiply bf16 natively)")
     m.set_defaults(func=cmd_serve_llm)
 
+
+def _eval_parser(sub) -> None:
+    from kunlunlab.agent.methods import METHODS  # the CLI's choices are the package's constants
+    from kunlunlab.retrieval.retriever import INDEX_KINDS
+
     e = sub.add_parser("eval", help="run one method over one dataset; JSON summary as the last line")
     e.add_argument("--config", default=None, help="JSON of EvalConfig fields (experiments/configs/eval/); flags and "
                    "--set override it")
     e.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="EvalConfig overrides, e.g. "
                    "rdra.background_k=2 stie.max_rounds=3 rollout.max_searches=4")
     e.add_argument("--dataset", default=None, help="'world', a benchmark name or a QA file in any supported layout")
-    ckpt = " (default: the checkpoint's kunlunlab_agent.json, else %s)"
-    e.add_argument("--method", default=None, help=", ".join(METHODS) + ckpt % "kunlun")
+    e.add_argument("--method", default=None, help=", ".join(METHODS) + CHECKPOINT_DEFAULT % "kunlun")
     e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
     e.add_argument("--model", default=None, help="LLM hub id, local path or trained checkpoint folder "
                    "(default: embedded SmolLM2)")
@@ -493,18 +512,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="search this saved index folder (kunlunlab build-index --out) without embedding its corpus; "
                         "with --corpus, the corpus must be the one it was built over")
     e.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
-                   help="retrieval index built here, not used with --retriever-url or --index" + ckpt % "flat")
+                   help="retrieval index built here, not used with --retriever-url or --index" + CHECKPOINT_DEFAULT % "flat")
     e.add_argument("--embedder", default=None, help="hub id or local path; with --retriever-url or --index the one "
-                   "they must be built with (then never the checkpoint's)" + ckpt % "the embedded all-MiniLM-L6-v2")
+                   "they must be built with (then never the checkpoint's)" + CHECKPOINT_DEFAULT % "the embedded all-MiniLM-L6-v2")
     e.add_argument("--batch-size", type=int, default=None, help="questions per generation batch (default 8)")
-    e.add_argument("--top-k", type=int, default=None, help="passages per search" + ckpt % "3")
-    e.add_argument("--max-searches", type=int, default=None, help="searches per question" + ckpt % "8")
-    e.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn" + ckpt % "256")
-    e.add_argument("--max-total-tokens", type=int, default=None, help="tokens per trajectory" + ckpt % "768")
+    e.add_argument("--top-k", type=int, default=None, help="passages per search" + CHECKPOINT_DEFAULT % "3")
+    e.add_argument("--max-searches", type=int, default=None, help="searches per question" + CHECKPOINT_DEFAULT % "8")
+    e.add_argument("--max-turn-tokens", type=int, default=None, help="tokens per model turn" + CHECKPOINT_DEFAULT % "256")
+    e.add_argument("--max-total-tokens", type=int, default=None, help="tokens per trajectory" + CHECKPOINT_DEFAULT % "768")
     e.add_argument("--max-result-chars", type=int, default=None, help="characters per retrieved passage"
-                   + ckpt % "600")
+                   + CHECKPOINT_DEFAULT % "600")
     e.add_argument("--stie-rounds", type=int, default=None, help="STIE answer rounds, kunlun only"
-                   + ckpt % "STIEConfig.max_rounds")
+                   + CHECKPOINT_DEFAULT % "STIEConfig.max_rounds")
     e.add_argument("--no-rdra", dest="use_rdra", action="store_false", default=None,
                    help="kunlun without the RDRA background step (ablation)")
     e.add_argument("--no-stie", dest="use_stie", action="store_false", default=None,
@@ -518,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "and summary.json in a new experiments/runs/eval-... folder)")
     e.set_defaults(func=cmd_eval)
 
+
+def _train_parser(sub) -> None:
     t = sub.add_parser("train", help="progressive training: data mixing, SFT cold start, DAPO (notebook 04)")
     t.add_argument("--config", default=None, help="JSON TrainConfig (experiments/configs/training/train_*.json)")
     t.add_argument("--run-dir", default=None, help="run folder; an existing one is resumed (default: a new one)")
@@ -529,6 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "launch's WORLD_SIZE, else 1), e.g. --dry-run --world-size 7 for the 8-GPU recipe")
     t.set_defaults(func=cmd_train)
 
+
+def _rerun_parser(sub) -> None:
     r = sub.add_parser("rerun", help="rerun a kept training result by name (experiments/configs/runs/<name>.json), "
                                      "the runs it starts from first; no name: list them")
     r.add_argument("name", nargs="?", default=None, help="e.g. budget_192.flat_w05 (no name: the list)")
@@ -537,6 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="print the plan (runs, folders, checkpoints) as one JSON line")
     r.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
     r.set_defaults(func=cmd_rerun)
+
+
+def _train_router_parser(sub) -> None:
+    from kunlunlab.retrieval.retriever import INDEX_KINDS
 
     n = sub.add_parser("train-router", help="train NLR's routing policy against a loopback network tier; "
                                             "JSON summary as the last line")
@@ -557,11 +584,19 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--out", required=True, help="policy file for eval --router")
     n.set_defaults(func=cmd_train_router)
 
+
+def _compare_runs_parser(sub) -> None:
+    from kunlunlab.training.pipeline import HELDOUT_FILES
+
     c = sub.add_parser("compare-runs", help="training ablations: training runs' EM on the same held-out questions, "
                                             "each against the first with a paired-bootstrap interval")
     c.add_argument("runs", nargs="+", help="label=run_folder (kunlunlab train --run-dir); the first is the reference")
     c.add_argument("--dataset", default="world", choices=sorted(HELDOUT_FILES))
     c.set_defaults(func=cmd_compare_runs)
+
+
+def _suite_parser(sub) -> None:
+    from kunlunlab.retrieval.retriever import INDEX_KINDS
 
     q = sub.add_parser("suite", help="notebook 06 without a notebook: Table 2 and the ablations of a checkpoint "
                                      "(records, tables.md; JSON summary as the last line)")
@@ -574,14 +609,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "(POST /retrieve); the synthetic world keeps its own index")
     q.add_argument("--index", dest="index_dir", default=None, help="or through this saved index folder")
     q.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
-                   help="the index built over each corpus" + ckpt % "flat")
-    q.add_argument("--embedder", default=None, help="hub id or local path" + ckpt % "the embedded all-MiniLM-L6-v2")
+                   help="the index built over each corpus" + CHECKPOINT_DEFAULT % "flat")
+    q.add_argument("--embedder", default=None, help="hub id or local path" + CHECKPOINT_DEFAULT % "the embedded all-MiniLM-L6-v2")
     q.add_argument("--config", default=None, help="JSON of SuiteConfig fields (kunlunlab/studies/suite.py)")
     q.add_argument("--set", nargs="*", default=None,
                    help='SuiteConfig overrides, e.g. world_questions=100 \'baselines=["naive_rag"]\'')
     q.add_argument("--out", default=None, help="output folder (default: a new experiments/runs/<timestamp>-suite)")
     q.set_defaults(func=cmd_suite)
 
+
+def _run_notebooks_parser(sub) -> None:
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")
     r.add_argument("--smoke", action="store_true", help="tiny parameters, as in the test suite")
@@ -589,7 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--params", default=None, help="JSON of notebook name -> parameters (experiments/configs/)")
     r.add_argument("--no-progress", action="store_true", help="no per-cell progress bar (papermill's)")
     r.set_defaults(func=cmd_run_notebooks)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
