@@ -59,19 +59,27 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Collection
 
-from kunlunlab.agent.methods import METHODS
-from kunlunlab.configs import build_dataclass, leaf_paths
+from tqdm.auto import tqdm
+
+from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
+from kunlunlab.agent.methods import MethodConfig, METHODS, make_method
+from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig
+from kunlunlab.configs import build_dataclass, leaf_paths
+from kunlunlab.data import World, make_questions
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
-from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1,
-                                    retrieval_recall, summarize, title_recall_curve)
+from kunlunlab.eval.judge import ChatJudgeBackend, LLMJudge
+from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1, retrieval_recall,
+                                    summarize, title_recall_curve)
+from kunlunlab.paths import shared_data_dir
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
-from kunlunlab.retrieval.service import RemoteRetriever, RetrievalServiceError
+from kunlunlab.retrieval.service import RemoteRetriever, RetrievalClient, RetrievalServiceError
+
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
@@ -255,7 +263,6 @@ def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = fro
 def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
     """(questions, default corpus or None when the corpus must come from elsewhere)."""
     if config.dataset == "world":
-        from kunlunlab.data import World, make_questions
 
         world = World.generate(n_passages=config.world_passages, seed=config.seed)
         return make_questions(world, config.limit or 100, seed=config.seed + 1), world.passages
@@ -273,7 +280,6 @@ def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | 
 
 
 def default_corpus(dataset: str) -> list[Passage]:
-    from kunlunlab.paths import shared_data_dir
 
     root = shared_data_dir()
     if root is None:
@@ -311,8 +317,6 @@ def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None
 
 def make_backend(config: EvalConfig):
     """The answering model: a served one when ``llm_url`` is set, else a local one."""
-    from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
-
     if config.llm_url:
         return OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
     return TransformersBackend(config.model, device=config.device, dtype=config.dtype)
@@ -324,12 +328,9 @@ def make_judge_backend(config: EvalConfig, backend):
     ``judge="same"``, or naming the answering model itself, reuses ``backend`` instead of loading
     the model twice; :func:`evaluate` then labels the verdicts self-judged.
     """
-    from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
-
     if config.judge is None:
         return None
     if config.judge_url and config.judge_api == "chat":
-        from kunlunlab.eval.judge import ChatJudgeBackend
 
         return ChatJudgeBackend(config.judge_url, config.judge, key_env=config.judge_key_env)
     if config.judge_url:
@@ -348,7 +349,6 @@ class ServiceSearch:
     """The main retrieval of an evaluation through a service: :class:`RemoteRetriever`'s search, with the title
     of every passage it returned remembered (for retrieval recall; the corpus is not here) and a failure, after
     the client's retries, raised as :class:`EvalRetrievalError`, which no agent catches."""
-
     def __init__(self, remote: RemoteRetriever):
         self.remote = remote
         self.titles: dict[str, str] = {}
@@ -382,15 +382,11 @@ def passage_titles(retriever: Retriever | ServiceSearch) -> dict[str, str]:
 def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=None, retriever=None):
     """(method, retriever, backend) for a config; pass ``backend`` to reuse a loaded model and ``retriever``
     (:func:`open_eval_retriever`) to reuse an opened one."""
-    from kunlunlab.agent.methods import MethodConfig, make_method
-
     retriever = retriever if retriever is not None else open_eval_retriever(config, passages)
     if backend is None:
         backend = make_backend(config)
     search = retriever.search
     if config.network_url:
-        from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
-        from kunlunlab.retrieval.service import RetrievalClient
 
         policy = RoutingPolicy.load(config.router) if config.router else None
         search = NetworkLocalRouter(retriever.search, RetrievalClient(config.network_url).search, policy,
@@ -427,7 +423,6 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     method, retriever, backend = build_pipeline(config, passages, backend, retriever)
     titles = passage_titles(retriever)
     records = []
-    from tqdm.auto import tqdm
 
     bar = tqdm(total=len(examples), desc=f"{config.method} · {config.dataset}", unit="q", disable=not progress,
                leave=False)
@@ -456,7 +451,6 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
         judge_backend = make_judge_backend(config, backend)
     judge_info = None
     if judge_backend is not None:
-        from kunlunlab.eval.judge import LLMJudge
 
         judge = LLMJudge(judge_backend)
         for r, v in zip(records, judge.judge([(r["question"], r["golds"], r["prediction"]) for r in records])):

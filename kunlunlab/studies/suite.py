@@ -22,11 +22,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.agent.backends import TransformersBackend
+from kunlunlab.agent.nlr import network_tier
+from kunlunlab.data.loaders import load_benchmark, load_corpus
+from kunlunlab.data.splits import load_splits
+from kunlunlab.eval.compare import ablation_table, table2
+from kunlunlab.eval.harness import EvalConfig, evaluate, make_judge_backend, resolve_corpus
+from kunlunlab.paths import PROJECT_ROOT, shared_data_dir
+from kunlunlab.training.config import load_config
+from kunlunlab.training.router import RouterTrainConfig, train_router
+
 
 BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
 DATASETS = ("world", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle")
@@ -91,8 +100,6 @@ def suite_tables(result: SuiteResult, cfg: SuiteConfig) -> dict[str, tuple[list,
     """Title -> (header, rows): Table 2 of every dataset and one ablation table per ablated dataset, each
     difference with its paired-bootstrap interval. Notebook 06 and ``kunlunlab suite`` both show these, so
     the two report the same numbers for the same records."""
-    from kunlunlab.eval.compare import ablation_table, table2
-
     tables = {TABLE2_TITLE: table2(result.records, cfg.method, cfg.baselines, n_resamples=cfg.n_resamples,
                                    seed=cfg.seed)}
     for dataset, variants in result.ablations.items():
@@ -103,11 +110,6 @@ def suite_tables(result: SuiteResult, cfg: SuiteConfig) -> dict[str, tuple[list,
 
 def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:
     """(questions, corpus or None for the default corpus) per dataset; held-out splits for world and HotpotQA."""
-    from kunlunlab.data.loaders import load_benchmark
-    from kunlunlab.paths import shared_data_dir
-    from kunlunlab.training.config import load_config
-    from kunlunlab.data.splits import load_splits
-
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
     held = load_splits(train_cfg.splits(world_heldout=cfg.world_questions, hotpot_heldout=cfg.hotpot_questions))
@@ -131,8 +133,6 @@ def suite_eval_config(cfg: SuiteConfig):
     """The EvalConfig every row of the suite starts from: the suite's own values, then the checkpoint's agent
     configuration (``kunlunlab_agent.json``) for every field the suite leaves unset (``index_kind`` and
     ``embedder`` None), then EvalConfig's defaults."""
-    from kunlunlab.eval.harness import EvalConfig
-
     given = {"method": cfg.method, "judge": cfg.judge, "judge_url": cfg.judge_url, "batch_size": cfg.batch_size,
              "seed": cfg.seed}
     given.update((k, getattr(cfg, k)) for k in ("index_kind", "embedder") if getattr(cfg, k) is not None)
@@ -143,9 +143,6 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
               progress: Callable[[str], None] = print) -> SuiteResult:
     """Evaluates every method on every dataset and the ablations; records go to ``out_dir`` as
     ``<dataset>.<method>.jsonl`` and are returned."""
-    from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import evaluate, make_judge_backend, resolve_corpus
-
     start = time.perf_counter()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +152,6 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
     result = SuiteResult()
 
     def run(dataset: str, name: str, examples, passages, **overrides) -> list[dict]:
-        from dataclasses import replace
 
         config = replace(base, dataset=dataset, limit=len(examples), **overrides)
         path = out_dir / f"{dataset}.{name.replace(' ', '_')}.jsonl"
@@ -197,11 +193,6 @@ def _nlr_rows(cfg: SuiteConfig, base, passages, examples, out_dir: Path, variant
               summaries: list[dict]) -> dict:
     """Trains the router on the world of the training config, then evaluates ``kunlun`` on the local half
     alone and with the router over both tiers (see the module docstring)."""
-    from kunlunlab.agent.nlr import network_tier
-    from kunlunlab.training.router import RouterTrainConfig, train_router
-    from kunlunlab.data.loaders import load_corpus
-    from kunlunlab.training.config import load_config
-
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
     router_cfg = RouterTrainConfig(world_passages=train_cfg.world_passages, seed=train_cfg.world_seed,

@@ -31,7 +31,8 @@ from typing import Mapping
 
 from kunlunlab.eval.metrics import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
 from kunlunlab.training.config import MOVED_KEYS
-from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, heldout_records
+from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, TrainingRun, heldout_records
+
 
 # the keys that decide which held-out questions a run is evaluated on (kunlunlab.data.splits via TrainConfig.splits)
 HELDOUT_KEYS = ("world_passages", "world_seed", "train_questions", "question_seed", "heldout_seed", "hotpot",
@@ -142,7 +143,6 @@ __all__ = ["COST_HEADER", "HELDOUT_KEYS", "VARIANT_KEYS", "cost_table", "generat
            "run_costs"]
 
 
-
 def train_variant(cfg, folder: str | Path, progress=print) -> str | None:
     """Trains and evaluates one variant of a shared SFT checkpoint (``cfg`` has ``sft.enabled`` off and
     ``model`` on the checkpoint): the PRL and DAPO stages the variant enables, the evaluation after training,
@@ -150,8 +150,6 @@ def train_variant(cfg, folder: str | Path, progress=print) -> str | None:
     tree search found no preference pair (every explored sibling scored the same, which a small model
     easily produces) has nothing for DPO to learn, and evaluating the unchanged checkpoint under the
     variant's name would report the SFT numbers as ReasonRAG's. Any other error propagates."""
-    from kunlunlab.training.pipeline import TrainingRun
-
     run = TrainingRun(cfg, folder, progress=progress)
     run.sft()
     try:

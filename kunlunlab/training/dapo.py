@@ -46,23 +46,33 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
+from accelerate.utils import gather_object
+from datasets import Dataset
 import httpx
+import torch
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
 
 from kunlunlab.agent.backends import OpenAIBackend, SamplingConfig, TransformersBackend, chat_prompt_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
+from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
+from kunlunlab.agent.stie import STIEController
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
-                                        score)
+                                        reward_functions, score)
+from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
+
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +80,6 @@ log = logging.getLogger(__name__)
 class SearchRollout:
     """``rollout_func(prompts, trainer)`` for ``GRPOTrainer``; prompts are question strings, repeated
     ``num_generations`` times in a row by TRL's sampler (one completion is returned per entry)."""
-
     def __init__(self, search, tokenizer, answers: dict[str, list[str]], rollout: RolloutConfig,
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
                  system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
@@ -131,8 +140,6 @@ class SearchRollout:
         return out
 
     def _roll_with(self, search, backend, questions: list[str], seed: int) -> list[Trajectory]:
-        from kunlunlab.agent.rdra import rdra_contexts
-        from kunlunlab.agent.stie import STIEController
 
         cfg = replace(self.rollout, sampling=SamplingConfig(temperature=self.dapo.temperature, top_p=self.dapo.top_p,
                                                             seed=seed))
@@ -322,7 +329,6 @@ def gather_across(values: list, processes: int) -> list:
     """Every process's ``values``, concatenated in process order (a collective: all processes call it)."""
     if processes <= 1:
         return list(values)
-    from accelerate.utils import gather_object
 
     return gather_object(values)
 
@@ -365,9 +371,6 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
     """TRL's arguments for the DAPO stage, the batch laid out by :func:`kunlunlab.training.geometry.batch_plan`
     (``world_size``: training processes, default this launch's); event files of ``report_to`` go to
     ``output_dir/runs``."""
-    import torch
-    from trl import GRPOConfig
-
     plan = batch_plan(cfg, world_size or world_size_from_env())
     return GRPOConfig(
         output_dir=str(output_dir), loss_type="dapo", epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
@@ -384,7 +387,6 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
 
 
 def rl_dataset(questions: Sequence[str], answers: Sequence[list[str]]):
-    from datasets import Dataset
 
     return Dataset.from_dict({"prompt": list(questions), "answers": [list(a) for a in answers]})
 
@@ -394,13 +396,7 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
              peft_config=None, **arg_overrides):
     """Trains in place (with ``peft_config``, a LoRA adapter on ``model``), resuming from the last checkpoint in
     ``output_dir``; returns the trainer."""
-    import os
 
-    from transformers.trainer_utils import get_last_checkpoint
-    from trl import GRPOTrainer
-
-    from kunlunlab.training.rewards import reward_functions
-    from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
 
     score_labelled_positions_on_cpu()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -68,7 +68,15 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+from kunlunlab.agent.backends import chat_prompt_ids, text_ids
+from kunlunlab.agent.protocol import RESULT_TEMPLATE, SYSTEM_PROMPT, build_messages
+from kunlunlab.agent.rdra import (RDRAConfig, background_text, clip_doc, joint_context, plan_prompt_messages,
+                                  plan_queries)
+from kunlunlab.agent.rollout import result_block
+from kunlunlab.agent.stie import STIEConfig, STIEController
 from kunlunlab.data.types import Passage, QAExample
+from kunlunlab.retrieval.retriever import Hit
+
 
 SearchFn = Callable[[list[str], int], list[list]]
 NOISE_KINDS = ("distractor", "wrong_hop", "background")
@@ -143,7 +151,6 @@ class TrajectoryExample:
 
     ``segments`` alternate between the model (``train`` True/False) and the environment (results);
     the first model segment continues the assistant prefix ``<think>``."""
-
     question: str
     answers: list[str]
     segments: list[dict]             # {"role": "model"|"env", "text": str, "train": bool}
@@ -205,7 +212,6 @@ def evidence_sentence(result_text: str, answer: str) -> str | None:
 @dataclass
 class _Round:
     """What the STIE controller reads of an answer round (the rollout engine passes an ``AnswerRound``)."""
-
     answer: str | None
     confidence: float
     doc_ids: list[str]
@@ -214,11 +220,8 @@ class _Round:
 class TrajectoryBuilder:
     """Writes trajectories with real retrieval; ``passages_by_id`` lets it insert a gold passage the
     retriever missed and draw irrelevant ones for noise."""
-
     def __init__(self, search: SearchFn, passages: Sequence[Passage], cfg: MixingConfig, rdra=None, *,
                  top_k: int, max_result_chars: int):
-        from kunlunlab.agent.rdra import RDRAConfig
-        from kunlunlab.agent.rollout import result_block
 
         self.search, self.cfg = search, cfg
         # the run's retrieval sizes (TrainConfig.top_k / max_result_chars), the ones its rollouts use
@@ -233,7 +236,6 @@ class TrajectoryBuilder:
 
     # -- results
     def _hits(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> list[list]:
-        from kunlunlab.retrieval.retriever import Hit
 
         k = self.top_k
         results = self.search(queries, k + len(withhold) + 1)
@@ -268,8 +270,6 @@ class TrajectoryBuilder:
     def rdra_context(self, question: str, plan: str, irrelevant: int = 0,
                      rng: random.Random | None = None) -> tuple[str, dict[str, str]]:
         """:meth:`rdra_background` and each shown passage's text as the block shows it (clipped), by id."""
-        from kunlunlab.agent.rdra import background_text, clip_doc, joint_context, plan_queries
-
         first = self.search([question], self.rdra.background_k)[0]
         if not self.rdra.use_plan:  # plan-free RDRA: D_1 alone and no plan line, as inference writes it
             plan, second = "", []
@@ -278,7 +278,6 @@ class TrajectoryBuilder:
             second = [h for hits in self.search(queries, self.rdra.plan_k) for h in hits]
         docs = joint_context(first, second, self.rdra)
         if irrelevant:
-            from kunlunlab.retrieval.retriever import Hit
 
             picks = (rng or random.Random(0)).sample(self.passages, irrelevant)
             docs = docs[:max(0, len(docs) - irrelevant)] + [Hit(p.id, p.contents, 0.0, p.title) for p in picks]
@@ -287,8 +286,6 @@ class TrajectoryBuilder:
 
     def plan_sample(self, ex: QAExample, source: str = "world") -> TrajectoryExample:
         """Eq. 2's planning turn as an SFT sample: the planning prompt with D_1, then the plan and EOS."""
-        from kunlunlab.agent.rdra import plan_prompt_messages
-
         first = self.search([ex.question], self.rdra.background_k)[0]
         plan = self.teacher_plan(ex)
         return TrajectoryExample(ex.question, list(ex.answers), [{"role": "model", "text": plan, "train": True}],
@@ -303,9 +300,6 @@ class TrajectoryBuilder:
         answer in the query (a different query, so repeat blocking lets it through), its result, and the
         answer again. With ``wrong_first`` the answer before the feedback is a wrong one (kept out of the
         loss) and the verified answer corrects it."""
-        from kunlunlab.agent.protocol import RESULT_TEMPLATE
-        from kunlunlab.agent.stie import STIEConfig, STIEController
-
         answer = ex.answers[0]
         first = self._wrong_answer(answer, rng) if wrong_first else answer
         if wrong_first:
@@ -473,7 +467,6 @@ class TrajectoryBuilder:
 class RealSource:
     """Real questions with evidence in their own corpus (HotpotQA supporting facts, 2Wiki silver chains): each
     epoch takes ``share`` of its samples from them, as high-quality trajectories written by ``builder``."""
-
     name: str
     builder: TrajectoryBuilder
     questions: Sequence[QAExample]
@@ -549,9 +542,6 @@ def tokenize_trajectory(tokenizer, t: TrajectoryExample, system_prompt: str | No
                         assistant_prefix: str = "<think>") -> dict:
     """``input_ids`` and ``completion_mask`` (1 = model token in the loss; 0 = prompt, retrieved results and
     masked noise turns). Each segment is tokenised on its own, as the rollout engine appends it."""
-    from kunlunlab.agent.backends import chat_prompt_ids, text_ids
-    from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
-
     messages = t.prompt_messages or build_messages(t.question, t.background, system_prompt or SYSTEM_PROMPT)
     prompt = chat_prompt_ids(tokenizer, messages, t.prefix if t.prompt_messages else assistant_prefix)
     ids, mask = list(prompt), [0] * len(prompt)

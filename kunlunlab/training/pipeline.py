@@ -18,6 +18,7 @@ its last Trainer checkpoint.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -26,11 +27,31 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
-from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
+import torch
+from accelerate import PartialState
+from accelerate.utils import parse_flag_from_env
+
+from kunlunlab.agent.backends import TransformersBackend
+from kunlunlab.agent.rdra import rdra_contexts
+from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.data.splits import TrainingData, load_splits
-from kunlunlab.training.config import TrainConfig, config_from_dict, effective_settings
+from kunlunlab.eval.compare import ablation_table
+from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
+from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
+from kunlunlab.eval.metrics import summarize
+from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
+from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.retrieval.factory import open_retriever
+from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
+                                       load_config)
+from kunlunlab.training.dapo import SearchRollout, gather_across, rl_dataset, run_dapo
+from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
+from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, data_stats, mix, schedule
+from kunlunlab.training.process_rewards import collect_preferences, read_preferences
+from kunlunlab.training.rewards import format_compliant, parse_completion
+from kunlunlab.training.sft import freeze_for_sft, run_sft, sft_dataset
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +75,6 @@ def run_config(config: str | Path | None, overrides: dict | list[str] | None = N
     relative to the repository root; None for the dataclass defaults) with overrides (``{"sft.learning_rate":
     1e-4}`` or ``["sft.learning_rate=1e-4"]``); ``smoke`` shrinks it to the test suite's size, the user's
     overrides still winning."""
-    from kunlunlab.paths import PROJECT_ROOT
-    from kunlunlab.training.config import apply_overrides, load_config
 
     path = None if config is None else Path(config)
     if path is not None and not path.is_absolute() and not path.is_file():
@@ -82,7 +101,6 @@ def rl_prompt_pool(cfg: TrainConfig, data: TrainingData) -> list:
 
 
 def _format_compliance(records: list[dict]) -> float | None:
-    from kunlunlab.training.rewards import format_compliant, parse_completion
 
     texts = [r["trajectory"].get("text") for r in records if isinstance(r.get("trajectory"), dict)]
     texts = [t for t in texts if t is not None]
@@ -100,11 +118,6 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     writes ``out`` (records in question order); every process returns the same summary. ``retrieval`` (a
     configured :class:`~kunlunlab.training.config.RetrievalSource`): the searches go to its service or saved
     index instead of an index over ``passages``."""
-    from kunlunlab.agent.backends import TransformersBackend
-    from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
-    from kunlunlab.eval.metrics import summarize
-    from kunlunlab.training.dapo import gather_across
-
     if not examples:
         return {}
     rank, processes = share
@@ -154,7 +167,6 @@ def agent_settings(cfg: TrainConfig) -> dict:
 
 class RunState:
     """``state.json``: which stages finished, their seconds and steps, and the evaluations already made."""
-
     def __init__(self, run_dir: Path, writer: bool = True):
         self.path, self.writer = run_dir / "state.json", writer
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {}
@@ -178,9 +190,6 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
     ``real_search``: the search of the configured retrieval service or saved index (``cfg.retrieval``), used
     for every real source instead of an index built here over its corpus. Result blocks hold the run's
     ``top_k`` passages of ``max_result_chars``, as its rollouts do; ``cfg.seed`` draws the mix."""
-    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
-    from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, mix
-
     mixing = cfg.mixing
     index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder)
     retriever = retriever or build_retriever(data.passages, index)
@@ -220,7 +229,6 @@ def training_plan(cfg: TrainConfig, world_size: int | None = None, check_hardwar
 class RunFolderConflict(ValueError):
     """The run folder holds a run of another configuration."""
 
-
 def check_run_folder(cfg: TrainConfig, run_dir: Path) -> None:
     """Refuses a folder whose ``train_config.json`` differs from ``cfg`` in effect: resuming there would
     silently hand back the other run's models and overwrite its config. A folder written before a key moved or
@@ -248,7 +256,6 @@ def check_run_folder(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def config_hash(config: dict) -> str:
-    import hashlib
 
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -261,12 +268,9 @@ class TrainingRun:
         run.evaluate("before"); run.mix(); run.sft(); run.dapo(); run.evaluate("after"); run.finish()
 
     Every stage resumes: a finished one is read back from ``state.json`` and ``<stage>/final``."""
-
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
                  sft_callbacks: list | None = None, dapo_callbacks: list | None = None):
-        import torch
 
-        from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.plan = training_plan(cfg)  # an inconsistent batch geometry stops here, before anything loads
@@ -325,8 +329,6 @@ class TrainingRun:
 
     def mix(self) -> list:
         """The SFT trajectories, mixed by the schedule of eqs. 14–16 (``trajectories.jsonl``, ``schedule.json``)."""
-        from kunlunlab.training.mixing import data_stats, schedule
-
         self.trajectories = mix_training_data(self.cfg, self.data, self.retriever,
                                               self.real_retriever.search if self.real_retriever else None)
         if self.main_process:  # every process mixes the same data; one writes it (two truncated each other's)
@@ -341,8 +343,6 @@ class TrainingRun:
     def _freeze(self) -> int:
         """Full-parameter training freezes as ``sft.train_layers`` says; with LoRA peft freezes the base weights
         and trains the adapters only."""
-        from kunlunlab.training.sft import freeze_for_sft
-
         self._frozen = True
         if self.cfg.lora.enabled:
             return 0
@@ -366,7 +366,6 @@ class TrainingRun:
         trainer.accelerator.free_memory()
         gc.collect()
         if self.device.startswith("cuda"):
-            import torch
 
             torch.cuda.empty_cache()
         if self.cfg.deepspeed:
@@ -400,8 +399,6 @@ class TrainingRun:
 
     def sft(self) -> None:
         """Stage 1, format cold start: TRL ``SFTTrainer`` on the mixed trajectories (loss on model tokens only)."""
-        from kunlunlab.training.sft import run_sft, sft_dataset
-
         cfg = self.cfg
         if not cfg.sft.enabled:
             return
@@ -433,8 +430,6 @@ class TrainingRun:
 
     def _rollout_config(self):
         """The agent's budgets in training rollouts (DAPO's and the PRL tree search's)."""
-        from kunlunlab.agent.rollout import RolloutConfig
-
         cfg = self.cfg
         return RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
                              max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
@@ -444,11 +439,6 @@ class TrainingRun:
         """Optional stage (``cfg.prl``): ReasonRAG's process supervision — MCTS over the current model's steps on
         the first ``prl.questions`` training questions (RDRA backgrounds in the prompts for the whole agent),
         SPRE values, step preference pairs (``prl/preferences.jsonl``, ``prl/trees.jsonl``), then DPO."""
-        from kunlunlab.agent.backends import TransformersBackend
-        from kunlunlab.agent.rdra import rdra_contexts
-        from kunlunlab.training.dpo import run_dpo
-        from kunlunlab.training.process_rewards import collect_preferences, read_preferences
-
         cfg = self.cfg
         if not cfg.prl.enabled or self._resumed("prl"):
             return
@@ -481,9 +471,6 @@ class TrainingRun:
 
     def dapo(self) -> None:
         """Stage 2: DAPO through TRL's ``GRPOTrainer``, rollouts by the agent (RDRA + STIE for ``kunlun``)."""
-        from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
-        from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
-
         cfg, data = self.cfg, self.data
         if not cfg.dapo.enabled or self._resumed("dapo"):
             return
@@ -548,8 +535,6 @@ def trained_model(run_dir: str | Path) -> Path | None:
 def real_retriever(cfg: TrainConfig):
     """The retrieval service or saved index of ``cfg.retrieval`` (checked now: a service that is down stops the
     run here, after its retries, with one line naming it), or None when neither is configured."""
-    from kunlunlab.retrieval.factory import open_retriever
-
     source = cfg.retrieval
     if not source.configured:
         return None
@@ -582,9 +567,6 @@ def log_scalars(report_to: list[str], log_dir: Path, prefix: str, result: dict) 
 
 
 def _is_main_process() -> bool:
-    import torch
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
 
     # cpu as the trainers set it (use_cpu without CUDA; ACCELERATE_USE_CPU): under a CPU-only `accelerate
     # launch`, PartialState(cpu=False) finds no backend, calls the state "not distributed" and gives every
@@ -667,8 +649,6 @@ def compare_runs(runs: dict[str, str | Path], reference: str, dataset: str = "wo
     same held-out questions, each run's EM difference to ``reference`` with its paired-bootstrap interval.
     Runs of one config family share the held-out questions (same seeds); pairing is by question id, so a
     run evaluated on other questions fails loudly instead of being compared."""
-    from kunlunlab.eval.compare import ablation_table
-
     if reference not in runs:
         raise ValueError(f"reference {reference!r} is not among the runs {sorted(runs)}")
     records = {label: heldout_records(folder, dataset) for label, folder in runs.items()}

@@ -62,10 +62,10 @@ class _FakeRun:
 
 
 def test_train_variant_runs_the_stages_in_order_and_skips_a_variant_without_pairs(monkeypatch, tmp_path):
-    import kunlunlab.training.pipeline as pipeline
+    import kunlunlab.studies.training_variants as variants
     from kunlunlab.studies.training_variants import train_variant
 
-    monkeypatch.setattr(pipeline, "TrainingRun", _FakeRun)
+    monkeypatch.setattr(variants, "TrainingRun", _FakeRun)
     lines = []
     _FakeRun.prl_error = None
     assert train_variant(object(), tmp_path, progress=lines.append) is None
