@@ -6,6 +6,8 @@ under the default :class:`~kunlunlab.training.rewards.RewardConfig`.
 """
 from __future__ import annotations
 
+from kunlunlab.training.rewards import RewardConfig, parse_completion, score, structure_term
+
 _RESULT = ("\n<result>\n(1) \"Draillam Motors\"\nDraillam Motors is a company founded in 1912 by Henrik Queishyxskeil."
            "\n</result>\n")
 _SEARCH = "<think>I need: Who founded Draillam Motors?</think>\n<search> <query>Who founded Draillam Motors?</query> </search>"
@@ -51,8 +53,6 @@ REWARD_CASES: list[dict] = [
 
 def case_rows(cases: list[dict] | None = None, cfg=None) -> list[dict]:
     """Every case scored: its components, their weighted values (``w_<component>``) and the total."""
-    from kunlunlab.training.rewards import RewardConfig, parse_completion, score, structure_term
-
     cfg = cfg or RewardConfig()
     rows = []
     for case in cases or REWARD_CASES:
