@@ -58,6 +58,7 @@ def test_judge_rules_cache_and_model_verdicts(backend, tmp_path):
     assert again.judge(items) == first and again.stats["cached"] == 1 and again.stats["judged"] == 0
 
 
+@pytest.mark.slow
 def test_eval_cli_prints_a_json_summary_last(data_dir, tmp_path):
     out = tmp_path / "hotpot.jsonl"
     proc = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "eval", "--dataset",

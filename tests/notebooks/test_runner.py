@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from kunlunlab import runner
 
 
@@ -107,6 +109,7 @@ def test_a_formula_that_cannot_be_converted_stays_as_written():
     assert runner.markdown_math_to_mathml("no math, 5 dollars") == "no math, 5 dollars"
 
 
+@pytest.mark.slow
 def test_each_notebook_reports_its_peak_resident_memory(tmp_path, monkeypatch):
     import nbformat
 

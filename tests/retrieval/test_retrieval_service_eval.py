@@ -167,6 +167,7 @@ def test_a_service_that_is_down_fails_after_the_configured_attempts():
 
 
 # ---------------------------------------------------------------------------- kunlunlab eval through the service
+@pytest.mark.slow
 def test_eval_through_the_service_sends_every_search_there_and_embeds_nothing(service, tmp_path, capsys):
     url, counter = service
     counter.queries.clear()
@@ -205,6 +206,7 @@ def test_eval_config_takes_the_service_or_the_saved_index_and_not_both(service, 
     assert passages_embedded() == before
 
 
+@pytest.mark.slow
 def test_eval_with_the_service_down_is_one_line_and_a_failing_exit():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     run = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "eval", "--dataset", "hotpotqa_distractor",

@@ -226,6 +226,7 @@ def test_serve_refuses_a_missing_or_corrupt_index_in_one_line(saved_flat, damage
     assert text.startswith("kunlunlab serve-retriever: ") and "\n" not in text and message in text
 
 
+@pytest.mark.slow
 def test_serve_refusal_from_the_command_line_has_no_traceback(saved_flat):
     _truncate(saved_flat / "index.faiss", 0.3)
     done = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "serve-retriever", "--index", str(saved_flat),
@@ -235,6 +236,7 @@ def test_serve_refusal_from_the_command_line_has_no_traceback(saved_flat):
     assert lines[0].startswith("kunlunlab serve-retriever: ") and "rebuild it" in lines[0]
 
 
+@pytest.mark.slow
 def test_load_survives_a_service_killed_and_restarted_mid_load(tmp_path, world, questions):
     folder = save_retriever(build_retriever(world.passages[:300], IndexConfig(kind="bm25")), tmp_path / "bm25")
     queries = list(dict.fromkeys(h.question for q in questions for h in q.chain))[:24]

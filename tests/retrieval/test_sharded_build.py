@@ -108,6 +108,7 @@ def test_a_jsonl_corpus_streams_line_by_line(tmp_path):
     assert load_corpus(path, limit=2)[1].title == "Title 1"
 
 
+@pytest.mark.slow
 def test_build_index_cli_refuses_bad_corpora_in_one_line(tmp_path):
     def build(corpus: Path) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "kunlunlab.cli", "build-index", "--engine", "stream", "--corpus",
@@ -135,6 +136,7 @@ def test_a_loaded_index_saved_into_its_own_folder_keeps_its_vectors(in_process, 
     np.testing.assert_array_equal(np.load(tmp_path / "elsewhere" / "vectors.npy"), before)
 
 
+@pytest.mark.slow
 def test_build_benchmark_builds_the_same_index_from_shards_as_in_memory(tmp_path):
     """``bench build``'s index parts: shard by shard from disk and in memory from the same Gaussian vectors
     give byte-identical FAISS files and cluster assignments; the figures come as the last JSON line."""

@@ -57,6 +57,7 @@ def _dry_run(*args):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_multi_gpu_recipe_plan_as_one_json_line():
     done = _dry_run("--config", str(MULTI_GPU), "--world-size", "7")
     assert done.returncode == 0, done.stderr
@@ -89,6 +90,7 @@ def test_recipes_load_and_every_shipped_training_config_has_a_valid_geometry():
         batch_plan(cfg.dapo, world)  # raises on a shipped config that does not divide
 
 
+@pytest.mark.slow
 def test_a_device_this_machine_lacks_is_one_line_for_train_and_serve_llm():
     import torch
 

@@ -68,6 +68,7 @@ def test_a_run_that_refers_back_to_itself_is_refused(tmp_path):
         reruns.rerun_plan("a", tmp_path / "runs", directory=tmp_path)
 
 
+@pytest.mark.slow
 def test_the_cli_plans_by_name_and_refuses_an_unknown_one_in_one_line():
     done = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "rerun", "dapo8_makerun_sft", "--dry-run",
                            "--runs-dir", "/tmp/nowhere"], capture_output=True, text=True, cwd=ROOT)
