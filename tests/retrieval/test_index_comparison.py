@@ -163,7 +163,13 @@ def test_cluster_allocation_follows_the_sampling_formula_and_matches_search(data
 
 
 @pytest.mark.slow
-def test_bench_prints_the_same_json_keys(capsys):
+def test_bench_prints_the_same_json_keys(capsys, monkeypatch):
+    import kunlunlab.retrieval.pareto as pareto
+
+    # one or two settings per family: the JSON's shape is under test here, the grids in tests/retrieval/test_pareto.py
+    small = pareto.ParetoGrids(ef_search=(16,), ivf_nprobe=(4,), ivfpq_nprobe=(8,), refine_nprobe=(4,),
+                               refine_k_factor=(4,), budget_shares=(1.0, 2.0), nearest_nprobe=(4,))
+    monkeypatch.setattr(pareto, "ParetoGrids", lambda: small)
     assert main(["retrieval", "--mode", "gaussian", "--n", "1200", "--queries", "30", "--warmup-queries", "32",
                  "--repeats", "1"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
