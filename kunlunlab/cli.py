@@ -273,7 +273,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     from kunlunlab.training.reruns import UnknownRunError, read_run_config, rerun, rerun_plan, run_names
 
     if not args.name:
-        runs = {name: {k: read_run_config(name)[k] for k in ("record", "note")} for name in run_names()}
+        specs = {name: read_run_config(name) for name in run_names()}
+        runs = {name: {k: spec[k] for k in ("record", "note")} for name, spec in specs.items()}
         for name, info in runs.items():
             print(f"{name:34} {info['note']}")
         print(json.dumps(runs))

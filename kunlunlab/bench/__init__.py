@@ -56,74 +56,48 @@ from kunlunlab.bench.rollout import RolloutBenchConfig, bench_rollout
 from kunlunlab.bench.service import ServiceBenchConfig, bench_service
 
 
+# name -> (help, config dataclass, benchmark); each config field is a flag (--field-name), a bool one a
+# --flag / --no-flag pair
+BENCHMARKS = {
+    "retrieval": ("Flat vs IVF-PQ vs clustering retriever", RetrievalBenchConfig, bench_retrieval),
+    "rollout": ("multi-turn rollout vs plain batched generation; STIE cost", RolloutBenchConfig, bench_rollout),
+    "answer-block": ("cost of STIE's generation block (eq. 13) in the local session", AnswerBlockBenchConfig,
+                     bench_answer_block),
+    "encode": ("query encoding: queries/s at batch 1/8/64 per precision, recall@10 change", EncodeBenchConfig,
+               bench_encode),
+    "service": ("retrieval service under concurrent clients, micro-batching on vs off", ServiceBenchConfig,
+                bench_service),
+    "build": ("peak memory and time of a streamed (sharded) index build", BuildBenchConfig, bench_build),
+    "exact-search": ("exact top-k of a batch of queries over N random vectors on a device (--n max: the most that "
+                     "fit in 80%% of free memory)", ExactSearchBenchConfig, bench_exact_search),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kunlunlab.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="which", required=True)
-    r = sub.add_parser("retrieval", help="Flat vs IVF-PQ vs clustering retriever")
-    defaults = RetrievalBenchConfig()
-    for name, value in asdict(defaults).items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):  # --pareto / --no-pareto
-            r.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
-        else:
-            r.add_argument(flag, type=type(value) if value is not None else str, default=value)
-    o = sub.add_parser("rollout", help="multi-turn rollout vs plain batched generation; STIE cost")
-    rollout_defaults = RolloutBenchConfig()
-    for name, value in asdict(rollout_defaults).items():
-        o.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
-    a = sub.add_parser("answer-block", help="cost of STIE's generation block (eq. 13) in the local session")
-    block_defaults = AnswerBlockBenchConfig()
-    for name, value in asdict(block_defaults).items():
-        a.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
-    e = sub.add_parser("encode", help="query encoding: queries/s at batch 1/8/64 per precision, recall@10 change")
-    encode_defaults = EncodeBenchConfig()
-    for name, value in asdict(encode_defaults).items():
-        e.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
-    v = sub.add_parser("service", help="retrieval service under concurrent clients, micro-batching on vs off")
-    service_defaults = ServiceBenchConfig()
-    for name, value in asdict(service_defaults).items():
-        v.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
-    d = sub.add_parser("build", help="peak memory and time of a streamed (sharded) index build")
-    build_defaults = BuildBenchConfig()
-    for name, value in asdict(build_defaults).items():
-        d.add_argument("--" + name.replace("_", "-"), type=type(value) if value is not None else str, default=value)
-    x = sub.add_parser("exact-search", help="exact top-k of a batch of queries over N random vectors on a device "
-                                            "(--n max: the most that fit in 80%% of free memory)")
-    exact_defaults = ExactSearchBenchConfig()
-    for name, value in asdict(exact_defaults).items():
-        x.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
+    for name, (help_text, config, _) in BENCHMARKS.items():
+        command = sub.add_parser(name, help=help_text)
+        for field_name, value in asdict(config()).items():
+            flag = "--" + field_name.replace("_", "-")
+            if isinstance(value, bool):
+                command.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+            else:
+                command.add_argument(flag, type=type(value) if value is not None else str, default=value)
     args = parser.parse_args(argv)
-    if args.which == "exact-search":
-        try:
-            result = bench_exact_search(ExactSearchBenchConfig(**{k: getattr(args, k) for k in asdict(exact_defaults)}))
-        except ValueError as err:  # a device without a GPU, an N that does not fit, a bad dtype: one line
-            print(f"python -m kunlunlab.bench exact-search: {err}", file=sys.stderr)
-            return 2
-        print(json.dumps(result))
-        return 0
-    if args.which == "answer-block":
-        cfg = AnswerBlockBenchConfig(**{k: getattr(args, k) for k in asdict(block_defaults)})
-        print(json.dumps(bench_answer_block(cfg)))
-        return 0
-    if args.which == "build":
-        print(json.dumps(bench_build(BuildBenchConfig(**{k: getattr(args, k) for k in asdict(build_defaults)}))))
-        return 0
-    if args.which == "service":
-        print(json.dumps(bench_service(ServiceBenchConfig(**{k: getattr(args, k) for k in asdict(service_defaults)}))))
-        return 0
-    if args.which == "encode":
-        print(json.dumps(bench_encode(EncodeBenchConfig(**{k: getattr(args, k) for k in asdict(encode_defaults)}))))
-        return 0
-    if args.which == "retrieval":
-        cfg = RetrievalBenchConfig(**{k: getattr(args, k) for k in asdict(defaults)})
-        print(json.dumps(bench_retrieval(cfg)))
-    else:
-        cfg = RolloutBenchConfig(**{k: getattr(args, k) for k in asdict(rollout_defaults)})
-        print(json.dumps(bench_rollout(cfg)))
+    _, config, bench = BENCHMARKS[args.which]
+    cfg = config(**{k: getattr(args, k) for k in asdict(config())})
+    try:
+        result = bench(cfg)
+    except ValueError as err:
+        if args.which != "exact-search":
+            raise
+        # a device without a GPU, an N that does not fit, a bad dtype: one line
+        print(f"python -m kunlunlab.bench exact-search: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
     return 0
-
-
 
 
 __all__ = ["AnswerBlockBenchConfig", "BuildBenchConfig", "EncodeBenchConfig", "ExactSearchBenchConfig",

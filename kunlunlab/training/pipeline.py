@@ -36,8 +36,7 @@ from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.data.splits import TrainingData, load_splits
 from kunlunlab.eval.compare import ablation_table
-from kunlunlab.eval.harness import AGENT_SETTINGS_FILE  # the file `kunlunlab eval --model` reads
-from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
+from kunlunlab.eval.harness import AGENT_SETTINGS_FILE, EvalConfig, apply_agent_settings, evaluate
 from kunlunlab.eval.metrics import summarize
 from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.paths import PROJECT_ROOT

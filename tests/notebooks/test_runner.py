@@ -1,21 +1,25 @@
 import json
 
+import nbformat
 import pytest
 
 from kunlunlab import runner
 
 
-def test_failed_notebook_is_reported_not_raised(tmp_path, monkeypatch):
-    import nbformat
-
+def _run_one_notebook(tmp_path, monkeypatch, name: str, code: str) -> dict:
+    """The runner's summary of a series made of one notebook: a parameters cell, then ``code``."""
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"), nbformat.v4.new_code_cell("1 / 0")]
+    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"), nbformat.v4.new_code_cell(code)]
     nb.cells[0].metadata["tags"] = ["parameters"]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     (tmp_path / "nbs").mkdir()
-    nbformat.write(nb, tmp_path / "nbs" / "99_broken.ipynb")
+    nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
-    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    return runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+
+
+def test_failed_notebook_is_reported_not_raised(tmp_path, monkeypatch):
+    summary = _run_one_notebook(tmp_path, monkeypatch, "99_broken", "1 / 0")
     assert summary["ok"] is False
     record = summary["notebooks"][0]
     assert record["ok"] is False and "ZeroDivisionError" in record["error"]
@@ -41,8 +45,6 @@ def test_experiment_configs_name_real_notebooks_and_bad_files_are_clear(tmp_path
 
 def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks(tmp_path, monkeypatch):
     """After 04 trains, 05/06 get its final model as ``model`` and 07 its run folder as ``ref_run``."""
-    import nbformat
-
     def write(name, body, params="run_dir = None\nsmoke = False\nmodel = None\nref_run = None"):
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
@@ -67,8 +69,6 @@ def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks
 
 def test_a_relative_run_folder_is_the_callers_not_the_notebooks(tmp_path, monkeypatch):
     """The notebooks execute in notebooks/; a relative ``--out`` is resolved where the command was given."""
-    import nbformat
-
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"),
                 nbformat.v4.new_code_cell("import json\nfrom pathlib import Path\n"
@@ -86,8 +86,6 @@ def test_a_relative_run_folder_is_the_callers_not_the_notebooks(tmp_path, monkey
 
 
 def test_static_pages_carry_their_equations_as_mathml_and_leave_code_alone(tmp_path):
-    import nbformat
-
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell(
         "The overlap:\n\n$$O(a, b) = \\frac{|W(a) \\cap W(b)|}{|W(a) \\cup W(b)|} \\tag{6}$$\n\n"
@@ -105,24 +103,14 @@ def test_static_pages_carry_their_equations_as_mathml_and_leave_code_alone(tmp_p
 
 def test_a_formula_that_cannot_be_converted_stays_as_written():
     # "a^" has no superscript: latex2mathml raises, and the page shows the source as MathJax-less pages do
-    assert runner.markdown_math_to_mathml("broken $a^$ and fine $b$") .startswith("broken $a^$ and fine <math")
+    assert runner.markdown_math_to_mathml("broken $a^$ and fine $b$").startswith("broken $a^$ and fine <math")
     assert runner.markdown_math_to_mathml("no math, 5 dollars") == "no math, 5 dollars"
 
 
 @pytest.mark.slow
 def test_each_notebook_reports_its_peak_resident_memory(tmp_path, monkeypatch):
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("run_dir = None\nsmoke = False"),
-                nbformat.v4.new_code_cell("import time\nimport numpy as np\n"
-                                          "held = np.ones(400_000_000 // 8)  # 400 MB, touched\ntime.sleep(2)")]
-    nb.cells[0].metadata["tags"] = ["parameters"]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    (tmp_path / "nbs").mkdir()
-    nbformat.write(nb, tmp_path / "nbs" / "98_memory.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
-    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    summary = _run_one_notebook(tmp_path, monkeypatch, "98_memory", "import time\nimport numpy as np\n"
+                                "held = np.ones(400_000_000 // 8)  # 400 MB, touched\ntime.sleep(2)")
     record = summary["notebooks"][0]
     assert record["ok"] and 0.4 * 1e9 / 2**30 <= record["peak_rss_gb"] < 4  # the array and a kernel, not more
     assert f"peak {record['peak_rss_gb']} GB resident" in (tmp_path / "run" / "summary.md").read_text()
