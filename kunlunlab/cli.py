@@ -485,7 +485,8 @@ def _eval_parser(sub) -> None:
                    "--set override it")
     e.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="EvalConfig overrides, e.g. "
                    "rdra.background_k=2 stie.max_rounds=3 rollout.max_searches=4")
-    e.add_argument("--dataset", default=None, help="'world', a benchmark name or a QA file in any supported layout")
+    e.add_argument("--dataset", default=None, help="'world' (factoid), 'world_summary' (summary-oriented: the "
+                   "long-answer mode), a benchmark name or a QA file in any supported layout")
     e.add_argument("--method", default=None, help=", ".join(METHODS) + CHECKPOINT_DEFAULT % "kunlun")
     e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
     e.add_argument("--model", default=None, help="LLM hub id, local path or trained checkpoint folder "

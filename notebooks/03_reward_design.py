@@ -78,7 +78,11 @@ metrics = {"config": asdict(cfg)}
 #   short mode: $r_\text{length} = \operatorname{band}(\text{words in the boxed answer}; 0, t)$ with $t$ =
 #   `short_target_words`; long mode: $\operatorname{band}(\text{words in the summary}; \ell_\text{min}, \ell_\text{max})$
 #   with `long_min_words` and `long_max_words`.
-# * **accuracy**: exact match of the boxed answer against the gold aliases (or token F1 with `accuracy="f1"`).
+# * **accuracy**: exact match of the boxed answer against the gold aliases (or token F1 with `accuracy="f1"`). On a
+#   *summary-oriented* question ("Describe how X is connected to Y.", whose gold is the chain's facts $F$ and the
+#   link in the box) it is $\tfrac12\,\text{EM} + \tfrac12\,\text{cov}$, with the fact coverage
+#   $\text{cov} = \frac{1}{|F|}\sum_{f \in F} \frac{|\text{tokens}(f) \cap \text{tokens}(\text{answer})|}{|\text{tokens}(f)|}$
+#   (a workbench choice: the paper grades long answers with its LLM judge and gives no formula).
 # * **structure** (long mode only): the share of four checks passed: the summary holds text besides the box,
 #   the box closes the summary, the reasoning sits in closed `<think>` blocks, no tag is unclosed or nested.
 # * **overlong** (DAPO), on $L$, the model's own tokens (retrieved results never count):
@@ -105,9 +109,11 @@ metrics = {"config": asdict(cfg)}
 # ## Hand-written cases
 #
 # Each case isolates one behaviour: correct, verbose, wrong, malformed (unclosed `<query>` and `<think>`),
-# missing `\boxed`, no answer at all, over-long reasoning, and two long answers (one with a proper summary, one
-# with only the box). The table shows each raw component; the chart stacks the weighted ones, with the total
-# as a diamond.
+# missing `\boxed`, no answer at all, over-long reasoning, two long answers (one with a proper summary, one
+# with only the box), and a summary-oriented question answered in each mode: the long answer states both facts
+# and earns the whole accuracy term, the bare box covers only the names and loses about a third of it, which is
+# what makes the long mode worth choosing there (and only there). The table shows each raw component; the chart
+# stacks the weighted ones, with the total as a diamond.
 
 # %%
 rows = case_rows(REWARD_CASES, cfg)

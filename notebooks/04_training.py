@@ -171,6 +171,29 @@ save_figure(fig, run_dir, "before_after")
 fig
 
 # %% [markdown]
+# ## The two answer modes
+#
+# The dual-mode reward (eqs. 17–18, notebook 03) scores `<short_answer>` and `<long_answer>` alike up to the
+# long mode's summary length and structure. `summary_share` of the world's training questions ask for a summary
+# ("Describe how X is connected to Y."): their SFT trajectories answer in the long mode (the chain's facts, then
+# the link in the box), and in DAPO their accuracy term also scores how much of the gold facts the summary states
+# (fact coverage). The table above has the held-out summary-oriented questions in its last rows; here is which
+# mode the trained model chose on each kind of question, and one of its long answers.
+
+# %%
+summary_records = [json.loads(line) for line in (run_dir / "eval_after_summary.jsonl").read_text().splitlines()] \
+    if (run_dir / "eval_after_summary.jsonl").is_file() else []
+factoid_records = [json.loads(line) for line in (run_dir / "eval_after_world.jsonl").read_text().splitlines()]
+for name, rows in (("factoid", factoid_records), ("summary-oriented", summary_records)):
+    modes = [r.get("answer_mode") for r in rows]
+    print(f"{name:>16}: {len(rows)} questions, long {modes.count('long')}, short {modes.count('short')}, "
+          f"no answer tag {modes.count(None)}")
+long_answer = next((r for r in summary_records if r.get("answer_mode") == "long"), None)
+if long_answer:
+    print("question:", long_answer["question"], "| gold facts coverage:", round(long_answer["fact_coverage"], 2))
+    print(long_answer["trajectory"].get("text", "")[-400:])
+
+# %% [markdown]
 # ## A trajectory of the trained model
 
 # %%
@@ -203,6 +226,12 @@ print(f"held-out EM {shown.get('em_before')} before training -> {shown.get('em_a
       f"{shown.get('heldout_questions')} held-out questions")
 print(f"format compliance {shown.get('format_compliance_before')} -> {shown.get('format_compliance_after')}; "
       f"{shown.get('steps')} optimizer steps in {shown.get('seconds')} s {shown.get('seconds_by_stage')}")
+summaries = shown.get("world_summary") or {}
+print(f"long answers: {shown.get('long_share_before')} % -> {shown.get('long_share_after')} % of the factoid "
+      f"questions, {summaries.get('long_share_before')} % -> {summaries.get('long_share_after')} % of the "
+      f"{summaries.get('n')} summary-oriented ones; their fact coverage {summaries.get('fact_coverage_before')} -> "
+      f"{summaries.get('fact_coverage_after')} %, EM of the boxed link {summaries.get('em_before')} -> "
+      f"{summaries.get('em_after')}")
 
 # %% [markdown]
 # ## Exercises

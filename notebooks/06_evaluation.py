@@ -34,8 +34,9 @@
 model = None               # the trained checkpoint (make run passes notebook 04's); None: embedded, untrained
 train_config = "experiments/configs/training/train_embedded_cpu.json"  # whose held-out split is evaluated
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]
-datasets = ["world", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle"]
+datasets = ["world", "world_summary", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle"]
 world_questions = 20       # held-out synthetic questions (make run's size; the README's larger run: 100)
+summary_questions = 10     # held-out summary-oriented world questions (world_summary: the long-answer mode)
 hotpot_questions = 10      # held-out HotpotQA distractor questions
 limit = 5                  # questions of each other benchmark (make run: a smoke-sized cell, see the README)
 ablations = ["−RDRA", "−STIE", "agent (−RDRA −STIE)"]
@@ -61,20 +62,22 @@ from IPython.display import HTML, display
 from kunlunlab.eval.metrics import exact_match, f1, normalize_answer
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
 from kunlunlab.training.pipeline import compare_runs
-from kunlunlab.studies.suite import TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
+from kunlunlab.studies.suite import MODES_TITLE, TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
 from kunlunlab.viz import method_bars, save_figure, table_html
 from kunlunlab.viz.trajectory_browser import (record_html, runs_from_suite, stie_config_for, trajectories_html,
                                               trajectory_browser)
 
 if smoke:
     baselines, datasets, world_questions, hotpot_questions, limit = ["naive_rag"], ["world", "hotpotqa_distractor"], 2, 1, 1
+    datasets, summary_questions = datasets + ["world_summary"], 1
     ablations, n_resamples, nlr = ["−STIE"], 200, False
 if shared_data_dir() is None:
     print("benchmark data folder not found: evaluating the synthetic world only")
 run_dir = notebook_run_dir(run_dir, "06_evaluation")
 print("model:", model or "embedded SmolLM2-135M-Instruct (untrained)")
 cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baselines), datasets=tuple(datasets),
-                  world_questions=world_questions, hotpot_questions=hotpot_questions, limit=limit,
+                  world_questions=world_questions, summary_questions=summary_questions,
+                  hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
                   nlr_latency_ms=nlr_latency_ms, judge=judge, judge_url=judge_url, index_kind=index_kind,
                   embedder=embedder, device=device, retriever_url=retriever_url, batch_size=batch_size,
@@ -175,6 +178,21 @@ summaries = [s for s in result.summaries if s["variant"] in (*cfg.baselines, cfg
 fig = method_bars(summaries, "em")
 save_figure(fig, run_dir, "em_per_dataset")
 fig
+
+# %% [markdown]
+# ## Which answer mode each method chose
+#
+# The paper's answers come in two modes (§2.3): `<short_answer>` for a fact, `<long_answer>` with a summary for
+# a question that asks for one. `world_summary` holds held-out summary-oriented questions ("Describe how X is
+# connected to Y."): its Table 2 column is the EM of the boxed link, and this table adds the share of long answers
+# on factoid and on summary-oriented questions and how much of the gold facts the answers state (fact coverage,
+# the mean share of each fact's words the answer contains). A method that never writes an answer tag (the
+# baselines) counts as short; its coverage is its free-text answer's.
+
+# %%
+if MODES_TITLE in tables:
+    header_m, rows_m = tables[MODES_TITLE]
+    display(HTML(table_html(header_m, rows_m)))
 
 # %% [markdown]
 # ## Ablations of the whole agent
@@ -283,7 +301,8 @@ tables_out = {title: {"header": h, "rows": r} for title, (h, r) in tables.items(
 tables_out.update({f"Training ablations on {d}": {"header": header_t, "rows": r} for d, r in training_rows.items()})
 metrics = {"model": model, "tables": tables_out, "seconds": result.seconds, "router": result.router,
            "summaries": [{k: s.get(k) for k in ("dataset", "variant", "n", "em", "f1", "lj", "em_tagged", "em_fallback",
-                                                "searches_per_question", "seconds_per_question")}
+                                                "searches_per_question", "long_share", "fact_coverage",
+                                                "seconds_per_question")}
                          for s in result.summaries]}
 (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
 {"kunlun vs best baseline": rows[-1], "seconds": result.seconds}
@@ -297,7 +316,10 @@ metrics = {"model": model, "tables": tables_out, "seconds": result.seconds, "rou
 shown = json.loads((run_dir / "metrics.json").read_text())
 for s in shown["summaries"]:
     print(f"{s['dataset']!s:22} {s['variant']!s:24} n = {s['n']!s:>3}  EM {s['em']}  searches/question "
-          f"{s['searches_per_question']}")
+          f"{s['searches_per_question']}  long answers {s.get('long_share')}")
+modes = shown["tables"].get(MODES_TITLE)
+if modes:
+    print(dict(zip(modes["header"], modes["rows"][-1])))
 
 # %% [markdown]
 # ## Exercises

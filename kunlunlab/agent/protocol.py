@@ -247,3 +247,13 @@ def extract_final_answer(text: str) -> str | None:
         return m.group(1).strip() or None
     cleaned = re.sub(r"<[^>]+>", " ", text).strip()
     return cleaned.splitlines()[0].strip() if cleaned else None
+
+
+_ANSWER_BLOCK = re.compile(r"<(short|long)_answer>(.*?)(?:</\1_answer>|$)", re.S)
+
+
+def final_answer_block(text: str) -> tuple[str | None, str]:
+    """The mode (``"short"`` / ``"long"``, None without an answer tag) and the body of the last answer tag of a
+    trajectory's text: which of the dual-mode answers (§2.3) the model chose, and the summary it wrote."""
+    blocks = _ANSWER_BLOCK.findall(text or "")
+    return (blocks[-1][0], blocks[-1][1]) if blocks else (None, "")

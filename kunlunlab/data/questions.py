@@ -3,6 +3,11 @@
 Types follow 2WikiMultihopQA (comparison, inference, compositional, bridge_comparison) and
 HotpotQA (bridge). Every hop names the passage that states its answer, so a chain is both the
 retrieval ground truth and a ready-made training trajectory (see the progressive-training issue).
+
+Summary-oriented questions (``summary``, not among the factoid ``QUESTION_TYPES``) ask for the long-answer mode
+of the paper's dual-mode answers (§2.3, eq. 18): "Describe how X is connected to Y." over a two-hop chain
+X → M → Y. Their gold is the chain's facts (``QAExample.facts``, one sentence per hop) and the link M, which goes
+into the box; :func:`summary_questions` draws them.
 """
 from __future__ import annotations
 
@@ -15,11 +20,15 @@ from kunlunlab.data.world import World
 QUESTION_TYPES = ("compositional", "inference", "comparison", "bridge_comparison", "bridge")
 
 
-def _example(world: World, qtype: str, question: str, answers: list[str], chain: list[Hop]) -> QAExample:
+SUMMARY_TYPE = "summary"
+
+
+def _example(world: World, qtype: str, question: str, answers: list[str], chain: list[Hop],
+             facts: list[str] | None = None) -> QAExample:
     ids = list(dict.fromkeys(h.passage_id for h in chain if h.passage_id))
     titles = [world.passages[int(pid[1:])].title for pid in ids]
     return QAExample(id="", question=question, answers=list(dict.fromkeys(answers)), source="synthetic",
-                     type=qtype, supporting_titles=titles, supporting_ids=ids, chain=chain)
+                     type=qtype, supporting_titles=titles, supporting_ids=ids, chain=chain, facts=list(facts or []))
 
 
 def _compositional(world: World, rng: random.Random) -> QAExample | None:
@@ -144,9 +153,59 @@ def _bridge(world: World, rng: random.Random) -> QAExample | None:
                         Hop(f"Where is {company.name} headquartered?", city, world.passage("company", film.company))])
 
 
+def _summary(world: World, rng: random.Random) -> QAExample | None:
+    """"Describe how X is connected to Y." over a two-hop chain X → M → Y: a film's producer and its
+    headquarters, a film's director and his or her birthplace, a company's founder and his or her country, or a
+    person's parent and grandparent. The box holds M; the facts are the two hops as sentences."""
+    variant = rng.randrange(4)
+    if variant == 0:
+        f_idx = rng.randrange(len(world.films))
+        film = world.films[f_idx]
+        company = world.companies[film.company]
+        city = world.cities[company.headquarters].name
+        start, link, end = film.page_title, company.name, city
+        chain = [Hop(f"Which company produced {film.page_title}?", company.name, world.passage("film", f_idx)),
+                 Hop(f"Where is {company.name} headquartered?", city, world.passage("company", film.company))]
+        facts = [f"{film.page_title} was produced by {company.name}.", f"{company.name} is headquartered in {city}."]
+    elif variant == 1:
+        f_idx = rng.randrange(len(world.films))
+        film = world.films[f_idx]
+        director = world.people[film.director]
+        city = world.cities[director.birthplace].name
+        start, link, end = film.page_title, director.name, city
+        chain = [Hop(f"Who directed {film.page_title}?", director.name, world.passage("film", f_idx)),
+                 Hop(f"Where was {director.name} born?", city, world.passage("person", film.director))]
+        facts = [f"{film.page_title} was directed by {director.name}.", f"{director.name} was born in {city}."]
+    elif variant == 2:
+        c_idx = rng.randrange(len(world.companies))
+        company = world.companies[c_idx]
+        founder = world.people[company.founder]
+        country = world.countries[world.cities[founder.birthplace].country].name
+        start, link, end = company.name, founder.name, country
+        chain = [Hop(f"Who founded {company.name}?", founder.name, world.passage("company", c_idx)),
+                 Hop(f"Which country is {founder.name} from?", country, world.passage("person", company.founder))]
+        facts = [f"{company.name} was founded by {founder.name}.", f"{founder.name} is from {country}."]
+    else:
+        p_idx = rng.randrange(len(world.people))
+        person = world.people[p_idx]
+        relation = rng.choice(["father", "mother"])
+        middle = getattr(person, relation)
+        if middle is None or getattr(world.people[middle], relation) is None:
+            return None
+        mid = world.people[middle]
+        top = world.people[getattr(mid, relation)]
+        start, link, end = person.title, mid.name, top.name
+        chain = [Hop(f"Who is the {relation} of {person.title}?", mid.name, world.passage("person", p_idx)),
+                 Hop(f"Who is the {relation} of {mid.name}?", top.name, world.passage("person", middle))]
+        facts = [f"The {relation} of {person.title} is {mid.name}.", f"The {relation} of {mid.name} is {top.name}."]
+    if start == end or link in (start, end):
+        return None
+    return _example(world, SUMMARY_TYPE, f"Describe how {start} is connected to {end}.", [link], chain, facts)
+
+
 _BUILDERS: dict[str, Callable[[World, random.Random], QAExample | None]] = {
     "compositional": _compositional, "inference": _inference, "comparison": _comparison,
-    "bridge_comparison": _bridge_comparison, "bridge": _bridge,
+    "bridge_comparison": _bridge_comparison, "bridge": _bridge, SUMMARY_TYPE: _summary,
 }
 
 
@@ -155,7 +214,7 @@ def make_questions(world: World, n: int, seed: int = 0, types: tuple[str, ...] =
     """``n`` distinct questions, cycling through ``types`` so every type is equally represented."""
     unknown = set(types) - set(_BUILDERS)
     if unknown:
-        raise ValueError(f"unknown question types {sorted(unknown)}; choose from {QUESTION_TYPES}")
+        raise ValueError(f"unknown question types {sorted(unknown)}; choose from {QUESTION_TYPES + (SUMMARY_TYPE,)}")
     rng = random.Random(f"{world.seed}/{seed}")
     out: list[QAExample] = []
     seen: set[str] = set()
@@ -171,6 +230,12 @@ def make_questions(world: World, n: int, seed: int = 0, types: tuple[str, ...] =
         example.id = f"{id_prefix}-{seed}-{len(out):06d}"
         out.append(example)
     return out
+
+
+def summary_questions(world: World, n: int, seed: int = 0, id_prefix: str = "summary") -> list[QAExample]:
+    """``n`` distinct summary-oriented questions (:data:`SUMMARY_TYPE`); their own draw, so adding them to a
+    question set leaves its factoid questions as they were."""
+    return make_questions(world, n, seed=seed, types=(SUMMARY_TYPE,), id_prefix=id_prefix)
 
 
 def make_world_and_questions(n_passages: int = 2000, n_questions: int = 200, seed: int = 0):

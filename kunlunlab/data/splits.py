@@ -16,7 +16,7 @@ import datasets
 
 from kunlunlab.data.evidence import link_evidence
 from kunlunlab.data.loaders import corpus_from_examples, load_benchmark, load_named_corpus, load_qa
-from kunlunlab.data.questions import make_questions
+from kunlunlab.data.questions import make_questions, summary_questions
 from kunlunlab.data.types import DataFormatError, QAExample
 from kunlunlab.data.world import World
 from kunlunlab.paths import shared_data_dir
@@ -32,6 +32,8 @@ class Splits:
     world_passages: int = 2000
     world_seed: int = 0
     train_questions: int = 400
+    summary_share: float = 0.0          # of the training questions, summary-oriented ones (the long-answer mode)
+    summary_heldout: int = 0            # held-out summary-oriented questions, drawn like the factoid ones
     question_seed: int = 1
     heldout_seed: int = 2
     world_heldout: int = 40
@@ -59,15 +61,37 @@ class TrainingData:
     rl_train: list = field(default_factory=list)          # rl_prompts questions for DAPO (and SFT)
     rl_heldout: list = field(default_factory=list)        # its first rl_heldout questions, evaluated only
     rl_passages: list = field(default_factory=list)       # the paragraphs rl_prompts examples carry (HotpotQA layout)
+    heldout_summary: list = field(default_factory=list)   # held-out summary-oriented world questions
 
 
 def world_questions(splits: Splits) -> tuple[World, list[QAExample], list[QAExample]]:
-    """The synthetic world and its training and held-out questions (no held-out question is a training one)."""
+    """The synthetic world and its training and held-out factoid questions (no held-out question is a training
+    one). ``summary_share`` of the training questions are summary-oriented ones, after the factoid ones (the
+    factoid ones are then the first of the same draw, so a share leaves them as they were)."""
     world = World.generate(n_passages=splits.world_passages, seed=splits.world_seed)
-    train = make_questions(world, splits.train_questions, seed=splits.question_seed, id_prefix="train")
+    n_summary = n_summary_questions(splits)
+    train = make_questions(world, splits.train_questions - n_summary, seed=splits.question_seed, id_prefix="train")
+    if n_summary:
+        train += summary_questions(world, n_summary, seed=splits.question_seed, id_prefix="train-summary")
     seen = {q.question for q in train}
     pool = make_questions(world, splits.world_heldout * 2 + 20, seed=splits.heldout_seed, id_prefix="heldout")
     return world, train, [q for q in pool if q.question not in seen][:splits.world_heldout]
+
+
+def n_summary_questions(splits: Splits) -> int:
+    if not 0.0 <= splits.summary_share < 1.0:
+        raise ValueError(f"summary_share must lie in [0, 1), got {splits.summary_share}")
+    return round(splits.train_questions * splits.summary_share)
+
+
+def heldout_summary_questions(world: World, train: list[QAExample], splits: Splits) -> list[QAExample]:
+    """``summary_heldout`` summary-oriented questions that are not training questions."""
+    if not splits.summary_heldout:
+        return []
+    seen = {q.question for q in train}
+    pool = summary_questions(world, splits.summary_heldout * 2 + 10, seed=splits.heldout_seed,
+                             id_prefix="heldout-summary")
+    return [q for q in pool if q.question not in seen][:splits.summary_heldout]
 
 
 def load_splits(splits: Splits) -> TrainingData:
@@ -91,7 +115,8 @@ def load_splits(splits: Splits) -> TrainingData:
         log.warning("2Wiki data not found (KUNLUNLAB_DATA or ../shared/data): no 2Wiki trajectories")
     rl_train, rl_heldout, rl_passages = real_rl_prompts(splits)
     return TrainingData(world, world.passages, train, heldout, hotpot_train, hotpot_heldout, hotpot_passages,
-                        twowiki_train, twowiki_passages, rl_train, rl_heldout, rl_passages)
+                        twowiki_train, twowiki_passages, rl_train, rl_heldout, rl_passages,
+                        heldout_summary_questions(world, train, splits))
 
 
 def real_rl_prompts(splits: Splits) -> tuple[list, list, list]:

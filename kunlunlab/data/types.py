@@ -36,6 +36,14 @@ class QAExample:
     supporting_ids: list[str] = field(default_factory=list)
     chain: list[Hop] = field(default_factory=list)
     context: list[Passage] = field(default_factory=list)  # evidence shipped with the question (HotpotQA)
+    # A summary-oriented question (paper §2.3: the long-answer mode) carries the gold facts its summary should
+    # state; ``answers`` then holds what goes into its box. Empty for a factoid question.
+    facts: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> bool:
+        """Whether the question asks for a summary (answered in ``<long_answer>``) rather than a fact."""
+        return bool(self.facts)
 
     def stage_groups(self) -> list[list[int]]:
         """Which evidence items one (multi-query) search can fetch together: index lists into ``chain`` (into

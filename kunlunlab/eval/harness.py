@@ -64,17 +64,19 @@ from tqdm.auto import tqdm
 from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
 from kunlunlab.agent.methods import MethodConfig, METHODS, make_method
 from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
+from kunlunlab.agent.protocol import final_answer_block
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig
 from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.data import World, make_questions
+from kunlunlab.data.questions import summary_questions
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
 from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.eval.judge import ChatJudgeBackend, LLMJudge
-from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1, retrieval_recall,
-                                    summarize, title_recall_curve)
+from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1, fact_coverage,
+                                    retrieval_recall, summarize, title_recall_curve)
 from kunlunlab.paths import shared_data_dir
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
@@ -262,16 +264,17 @@ def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = fro
 
 def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
     """(questions, default corpus or None when the corpus must come from elsewhere)."""
-    if config.dataset == "world":
-
+    if config.dataset in ("world", "world_summary"):  # factoid or summary-oriented questions of the world
         world = World.generate(n_passages=config.world_passages, seed=config.seed)
+        if config.dataset == "world_summary":
+            return summary_questions(world, config.limit or 100, seed=config.seed + 1), world.passages
         return make_questions(world, config.limit or 100, seed=config.seed + 1), world.passages
     if config.dataset in BENCHMARK_FILES:
         examples = load_benchmark(config.dataset, limit=config.limit)
     else:
         path = Path(config.dataset)
         if not path.exists():
-            raise FileNotFoundError(f"dataset {config.dataset!r} is neither 'world', a benchmark name "
+            raise FileNotFoundError(f"dataset {config.dataset!r} is neither 'world', 'world_summary', a benchmark name "
                                     f"({', '.join(sorted(BENCHMARK_FILES))}) nor an existing file")
         examples = load_qa(path, limit=config.limit)
     if any(ex.context for ex in examples):
@@ -398,6 +401,13 @@ def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=N
     return make_method(config.method, backend, search, method_config), retriever, backend
 
 
+def model_text(trajectory: dict) -> str:
+    """What the model wrote in a record's trajectory: the agent's whole text, or a baseline's model steps."""
+    if trajectory.get("text") is not None:
+        return trajectory["text"]
+    return "".join(step.get("text", "") for step in trajectory.get("steps", []) if step.get("kind") == "model")
+
+
 def router_summary(search) -> dict | None:
     """The NLR router's own statistics (decisions per action, latency, network errors), if it reports any."""
     summary = getattr(search, "summary", None)
@@ -437,6 +447,7 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
         bar.update(len(batch))
         per_question = (time.perf_counter() - t0) / len(batch)
         for ex, o in zip(batch, outputs):
+            mode, body = final_answer_block(model_text(o.trajectory))
             records.append({
                 "id": ex.id, "question": ex.question, "golds": ex.answers, "prediction": o.prediction,
                 "em": exact_match(o.prediction, ex.answers), "f1": f1(o.prediction, ex.answers),
@@ -445,6 +456,7 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
                 "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
                 "recall_by_search": title_recall_curve(o.trajectory, titles, ex.supporting_titles),
                 "search_floor": evidence_search_floor(o.trajectory, titles, ex),
+                "answer_mode": mode, "fact_coverage": fact_coverage(body or o.prediction, ex.facts),
                 "searches": o.searches, "seconds": per_question, "type": ex.type, "trajectory": o.trajectory})
     bar.close()
     if judge_backend is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from kunlunlab.agent.grounding import quote_grounding
-from kunlunlab.data.answers import cover_em, exact_match, f1, normalize_answer
+from kunlunlab.data.answers import cover_em, exact_match, f1, fact_coverage, normalize_answer
 from kunlunlab.data.types import QAExample
 
 TAGGED, FALLBACK = "answer_tag", "fallback"   # where a record's answer came from (answer_source)
@@ -171,7 +171,9 @@ def agent_searches(record: dict) -> int | None:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Means over records; EM also split by answer source (``em_tagged`` / ``em_fallback``).
+    """Means over records; EM also split by answer source (``em_tagged`` / ``em_fallback``). ``long_share``:
+    the share of records answered in ``<long_answer>`` (the dual-mode answers, §2.3; records without
+    ``answer_mode`` left out); ``fact_coverage``: the mean over summary-oriented questions (None without them).
 
     A mean over no values is None, so ``lj`` is None when no judge ran and ``em_tagged`` is None
     when no answer came from a tag.
@@ -194,6 +196,9 @@ def summarize(records: list[dict]) -> dict:
             "redundant_per_question": _mean_of([redundant_searches(r) for r in records]),
             "ungrounded_quotes_per_question": _mean_of([ungrounded_quotes(r) for r in records]),
             "search_floor_per_question": _mean_of([r.get("search_floor") for r in records]),
+            "long_share": _mean_of([None if "answer_mode" not in r else float(r["answer_mode"] == "long")
+                                    for r in records]),
+            "fact_coverage": _mean_of([r.get("fact_coverage") for r in records]),
             "seconds_per_question": mean("seconds")}
 
 
@@ -203,6 +208,6 @@ def _mean_of(values: list) -> float | None:
 
 
 __all__ = ["EXTRA_SEARCHES", "FALLBACK", "TAGGED", "agent_searches", "answer_source", "cover_em",
-           "evidence_search_floor", "exact_match", "extra_searches", "f1", "normalize_answer", "optimal_stop",
+           "evidence_search_floor", "exact_match", "extra_searches", "f1", "fact_coverage", "normalize_answer", "optimal_stop",
            "recall_by_search", "redundant_searches", "retrieval_recall", "search_floor", "searches_past_stop",
            "summarize", "title_recall_curve", "ungrounded_quotes"]

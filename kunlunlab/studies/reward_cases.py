@@ -1,8 +1,9 @@
 """Hand-written responses that pin down what each reward component does (notebook 03 and the tests).
 
 Every case is a full trajectory text as the rollout produces it (the prefix ``<think>`` included,
-``<result>`` blocks from the environment), the gold answers, and the component values it must get
-under the default :class:`~kunlunlab.training.rewards.RewardConfig`.
+``<result>`` blocks from the environment), the gold answers (and a summary-oriented question's gold
+``facts``), and the component values it must get under the default
+:class:`~kunlunlab.training.rewards.RewardConfig`.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ _RESULT = ("\n<result>\n(1) \"Draillam Motors\"\nDraillam Motors is a company fo
            "\n</result>\n")
 _SEARCH = "<think>I need: Who founded Draillam Motors?</think>\n<search> <query>Who founded Draillam Motors?</query> </search>"
 GOLD = ["Henrik Queishyxskeil"]
+# "Describe how Draillam Motors is connected to Vrelsia.": a summary-oriented question's gold facts
+SUMMARY_FACTS = ["Draillam Motors was founded by Henrik Queishyxskeil.", "Henrik Queishyxskeil is from Vrelsia."]
 
 REWARD_CASES: list[dict] = [
     {"name": "correct",
@@ -45,6 +48,18 @@ REWARD_CASES: list[dict] = [
              "company founded in 1912; the search result names its founder, who is therefore the answer to the "
              "question: \\boxed{Henrik Queishyxskeil}</long_answer>",
      "golds": GOLD, "expect": {"format": 1.0, "length": 1.0, "accuracy": 1.0, "structure": 1.0}},
+    {"name": "summary question, long answer",
+     "text": _SEARCH + _RESULT + "<think>Who founded Draillam Motors? Henrik Queishyxskeil. Which country is he from? "
+             "Vrelsia.</think>\n<long_answer>Draillam Motors was founded by Henrik Queishyxskeil. Henrik Queishyxskeil "
+             "is from Vrelsia. So Draillam Motors is connected to Vrelsia through Henrik Queishyxskeil. "
+             "\\boxed{Henrik Queishyxskeil}</long_answer>",
+     "golds": GOLD, "facts": SUMMARY_FACTS,
+     "expect": {"format": 1.0, "length": 1.0, "accuracy": 1.0, "structure": 1.0}},
+    {"name": "summary question, short answer",
+     "text": _SEARCH + _RESULT + "<think>Who founded Draillam Motors? Henrik Queishyxskeil.</think>\n"
+             "<short_answer>\\boxed{Henrik Queishyxskeil}</short_answer>",
+     "golds": GOLD, "facts": SUMMARY_FACTS,  # the box alone covers 2 of fact 1's 7 words and 2 of fact 2's 5
+     "expect": {"format": 1.0, "length": 1.0, "accuracy": 0.5 + 0.5 * (2 / 7 + 2 / 5) / 2, "structure": None}},
     {"name": "long answer, box only",
      "text": _SEARCH + _RESULT + "<long_answer>\\boxed{Henrik Queishyxskeil}</long_answer>",
      "golds": GOLD, "expect": {"format": 1.0, "length": 0.0, "accuracy": 1.0, "structure": 0.75}},
@@ -56,7 +71,8 @@ def case_rows(cases: list[dict] | None = None, cfg=None) -> list[dict]:
     cfg = cfg or RewardConfig()
     rows = []
     for case in cases or REWARD_CASES:
-        b = score(parse_completion(case["text"], model_tokens=case.get("model_tokens")), case["golds"], cfg)
+        b = score(parse_completion(case["text"], model_tokens=case.get("model_tokens")), case["golds"], cfg,
+                  facts=case.get("facts"))
         row = {"name": case["name"], "mode": b.mode, "format": b.format, "length": b.length, "accuracy": b.accuracy,
                "structure": b.structure, "overlong": b.overlong, "total": round(b.total, 4)}
         for key, w in zip(("format", "length", "accuracy", "structure", "overlong"), cfg.weights):

@@ -10,7 +10,8 @@ the trained router over both tiers (``+NLR``). Their rows sit beside the full-co
 the router's decisions, latency and network errors go to :attr:`SuiteResult.router`.
 
 World questions are the held-out split of the training config the checkpoint was trained with
-(:mod:`kunlunlab.data.splits`: none of them is a training question); HotpotQA
+(:mod:`kunlunlab.data.splits`: none of them is a training question), factoid (``world``) and summary-oriented
+(``world_summary``, the long-answer mode: :func:`answer_modes_table` says which mode each method chose); HotpotQA
 distractor questions are the held-out part of the shared sample; the other benchmarks are read as they
 are (the first ``limit`` questions) and searched in their default corpus. Every method runs on the same
 loaded model, and the trained checkpoint's own agent configuration (``kunlunlab_agent.json``: budgets,
@@ -38,7 +39,8 @@ from kunlunlab.training.router import RouterTrainConfig, train_router
 
 
 BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
-DATASETS = ("world", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle")
+DATASETS = ("world", "world_summary", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle")
+WORLD_DATASETS = ("world", "world_summary")  # the synthetic world's factoid and summary-oriented held-out questions
 # Inference ablations of the whole agent: name -> EvalConfig overrides.
 ABLATIONS = {"−RDRA": {"use_rdra": False}, "−STIE": {"use_stie": False},
              "agent (−RDRA −STIE)": {"method": "agent"}}
@@ -52,6 +54,7 @@ class SuiteConfig:
     baselines: tuple[str, ...] = BASELINES
     datasets: tuple[str, ...] = DATASETS
     world_questions: int = 30
+    summary_questions: int = 10       # held-out summary-oriented world questions (world_summary: the long mode)
     hotpot_questions: int = 20
     limit: int = 10                   # questions of each other benchmark
     ablations: tuple[str, ...] = tuple(ABLATIONS)
@@ -90,6 +93,7 @@ class SuiteResult:
 
 
 TABLE2_TITLE = "Table 2 (EM / LJ %)"
+MODES_TITLE = "Answer modes (long answers %, fact coverage %)"
 
 
 def ablation_title(dataset: str) -> str:
@@ -105,18 +109,43 @@ def suite_tables(result: SuiteResult, cfg: SuiteConfig) -> dict[str, tuple[list,
     for dataset, variants in result.ablations.items():
         tables[ablation_title(dataset)] = ablation_table(variants, cfg.method, n_resamples=cfg.n_resamples,
                                                          seed=cfg.seed)
+    if "world_summary" in result.records:
+        tables[MODES_TITLE] = answer_modes_table(result.records, (*cfg.baselines, cfg.method))
     return tables
+
+
+def answer_modes_table(records: dict[str, dict[str, list[dict]]], methods) -> tuple[list, list[list]]:
+    """How each method chooses between the dual-mode answers (§2.3): the share of ``<long_answer>`` on the
+    world's factoid and summary-oriented held-out questions, and on the summary-oriented ones the fact coverage
+    of the answer and the EM of the boxed link, with n."""
+    def pct(values):
+        values = [v for v in values if v is not None]
+        return round(100 * sum(values) / len(values), 1) if values else None
+
+    factoid, summary = records.get("world", {}), records.get("world_summary", {})
+    header = ["method", "long % (factoid)", "long % (summary)", "fact coverage % (summary)", "EM link (summary)", "n"]
+    rows = []
+    for method in methods:
+        f_recs, s_recs = factoid.get(method, []), summary.get(method, [])
+        rows.append([method, pct([float(r.get("answer_mode") == "long") for r in f_recs]),
+                     pct([float(r.get("answer_mode") == "long") for r in s_recs]),
+                     pct([r.get("fact_coverage") for r in s_recs]), pct([r["em"] for r in s_recs]),
+                     f"{len(f_recs)} / {len(s_recs)}"])
+    return header, rows
 
 
 def suite_data(cfg: SuiteConfig) -> dict[str, tuple[list, list | None]]:
     """(questions, corpus or None for the default corpus) per dataset; held-out splits for world and HotpotQA."""
     path = Path(cfg.train_config)
     train_cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
-    held = load_splits(train_cfg.splits(world_heldout=cfg.world_questions, hotpot_heldout=cfg.hotpot_questions))
+    held = load_splits(train_cfg.splits(world_heldout=cfg.world_questions, hotpot_heldout=cfg.hotpot_questions,
+                                        summary_heldout=cfg.summary_questions if "world_summary" in cfg.datasets else 0))
     out: dict[str, tuple[list, list | None]] = {}
     for d in cfg.datasets:
         if d == "world":
             out[d] = (held.heldout, held.passages)
+        elif d == "world_summary":
+            out[d] = (held.heldout_summary, held.passages)
         elif shared_data_dir() is None:
             continue  # the benchmark folder is absent: the world only (the notebook says so)
         elif d == "hotpotqa_distractor":
@@ -169,7 +198,7 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
     for dataset, (examples, passages) in suite_data(cfg).items():
         if not examples:
             continue
-        where = remote if dataset != "world" and (cfg.retriever_url or cfg.index_dir) else {}
+        where = remote if dataset not in WORLD_DATASETS and (cfg.retriever_url or cfg.index_dir) else {}
         if where:  # the service's or saved index's own corpus: nothing is indexed here
             passages = None
         else:

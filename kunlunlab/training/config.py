@@ -185,6 +185,7 @@ class EvalSpec:
     before: bool = True              # False: skip the evaluation before training (a variant of a measured run)
     world_questions: int = 40        # held-out synthetic questions (never in the training set)
     hotpot_questions: int = 20       # held-out HotpotQA distractor questions (0: skip)
+    summary_questions: int = 20      # held-out summary-oriented world questions (0: skip)
     batch_size: int = 20
     max_total_tokens: int = 1024     # the same budgets as the DAPO rollouts
     max_turn_tokens: int = 160
@@ -196,6 +197,8 @@ class TrainConfig:
     world_passages: int = 2000
     world_seed: int = 0
     train_questions: int = 400
+    summary_share: float = 0.1       # of train_questions, summary-oriented ones ("Describe how X is connected to
+                                     # Y."): the long-answer mode (§2.3, eq. 18) in the SFT mix and DAPO's prompts
     question_seed: int = 1
     heldout_seed: int = 2
     index_kind: str = "flat"
@@ -231,6 +234,8 @@ class TrainConfig:
     eval: EvalSpec = field(default_factory=EvalSpec)
 
     def __post_init__(self):
+        if not 0.0 <= self.summary_share < 1.0:
+            raise ValueError(f"summary_share must lie in [0, 1), got {self.summary_share}")
         if not isinstance(self.bf16, bool) and self.bf16 != "auto":
             raise ValueError(f"bf16 must be true, false or \"auto\", got {self.bf16!r}")
         if isinstance(self.report_to, str):  # --set report_to=tensorboard
@@ -243,11 +248,14 @@ class TrainConfig:
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
-    def splits(self, world_heldout: int | None = None, hotpot_heldout: int | None = None) -> Splits:
+    def splits(self, world_heldout: int | None = None, hotpot_heldout: int | None = None,
+               summary_heldout: int | None = None) -> Splits:
         """The questions this config trains on and holds out (:mod:`kunlunlab.data.splits`); an evaluation may
         ask for other held-out counts, which draws from the same pools (the training questions stay out)."""
         return Splits(world_passages=self.world_passages, world_seed=self.world_seed,
-                      train_questions=self.train_questions, question_seed=self.question_seed,
+                      train_questions=self.train_questions, summary_share=self.summary_share,
+                      summary_heldout=self.eval.summary_questions if summary_heldout is None else summary_heldout,
+                      question_seed=self.question_seed,
                       heldout_seed=self.heldout_seed,
                       world_heldout=self.eval.world_questions if world_heldout is None else world_heldout,
                       hotpot=self.hotpot, hotpot_train_fraction=self.hotpot_train_fraction,

@@ -84,7 +84,7 @@ class SearchRollout:
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
                  system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
                  supporting: dict[str, list[str]] | None = None, inference_dtype: str = "auto",
-                 routes: dict[str, object] | None = None):
+                 routes: dict[str, object] | None = None, facts: dict[str, list[str]] | None = None):
         """``answers``: every training question with its gold answers (the refill pool of dynamic sampling);
         ``rdra`` (an :class:`~kunlunlab.agent.rdra.RDRAConfig`) and ``stie`` (a
         :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out.
@@ -93,10 +93,12 @@ class SearchRollout:
         loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server.
         ``routes``: question → the search its rollouts use instead of ``search`` (real RL prompts search their
         corpus's service while the world's questions search the world's index); each search's questions are
-        rolled out as one batch."""
+        rolled out as one batch. ``facts``: summary-oriented questions' gold facts (the accuracy term then scores
+        the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`)."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
+        self.facts = facts or {}
         self._rdra: dict = {}  # question → its RDRAContext (background ids and text, for the budget term)
         self.rollout, self.dapo, self.rewards = rollout, dapo, rewards
         self.system_prompt, self.prefix = system_prompt, assistant_prefix
@@ -165,7 +167,8 @@ class SearchRollout:
         return record
 
     def _accuracies(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
-        return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards) for q, t in zip(questions, trajs)]
+        return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards, self.facts.get(q))
+                for q, t in zip(questions, trajs)]
 
     def _budget(self, question: str, t: Trajectory) -> float | None:
         context = self._rdra.get(question)
@@ -242,7 +245,7 @@ class SearchRollout:
         # the final trajectories (refills included), parsed for the rewards, the log and TRL; _signals parsed
         # them once before for accuracy (one regex pass each, negligible next to generation)
         records = [self._record(t) for t in trajs]
-        rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b).total
+        rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b, facts=self.facts.get(q)).total
                    for q, r, b in zip(questions, records, budgets)]
         model.train(was_training)
 
@@ -296,7 +299,8 @@ class SearchRollout:
         return {"prompt_ids": [t.prompt_ids for t in trajs],
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records],
-                "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets}
+                "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets,
+                "facts": [self.facts.get(q) for q in questions]}
 
 
 def vllm_server_url(args) -> str:

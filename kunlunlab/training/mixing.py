@@ -48,6 +48,11 @@ supervised fine-tuning sees exactly what inference will append.
   applies it to that share of the questions (chosen by a hash of the question text, so the same questions
   in every epoch and no draw of the mixing's random stream): the SFT data then hold both behaviours, what
   a search-budget reward in DAPO can choose between (FrugalRAG's two stages, notebook 07).
+* **Summary-oriented questions** (``QAExample.facts``, ``TrainConfig.summary_share`` of the world's training
+  questions): their chain is searched as any other, and the answer turn is the long-answer mode of §2.3
+  (``<long_answer>`` the chain's facts and the link they make, closed by ``\\boxed{link}``); every other
+  trajectory answers in ``<short_answer>``. Their STIE rounds answer in the long form again and never start
+  with a wrong answer (the summary's facts would contradict it).
 * **Noisy** (in the ReSearch / ZeroSearch spirit), each hop corrupted with probability ρ (the noise
   ratio): *distractor* results (the gold passage is withheld; the model notices and searches the
   entity's page), a *wrong hop* (a wrong intermediate answer is pursued, then corrected; the wrong
@@ -187,8 +192,23 @@ def _search_turn(think: str, queries: list[str]) -> str:
     return f"{think}</think>\n<search> {body} </search>"
 
 
-def _answer_turn(think: str, answer: str) -> str:
+def _answer_turn(think: str, answer: str, summary: str | None = None) -> str:
+    """The answer turn: ``<short_answer>`` with the box, or with a ``summary`` the long-answer mode (§2.3),
+    the summary closed by the box."""
+    if summary is not None:
+        return f"{think}</think>\n<long_answer>{summary} \\boxed{{{answer}}}</long_answer>"
     return f"{think}</think>\n<short_answer>\\boxed{{{answer}}}</short_answer>"
+
+
+def summary_text(ex: QAExample) -> str | None:
+    """What a summary-oriented question's long answer says before its box: the chain's facts and the link they
+    make (None for a factoid question)."""
+    if not ex.summary:
+        return None
+    start, end = ex.question.removeprefix("Describe how ").removesuffix(".").split(" is connected to ", 1) \
+        if " is connected to " in ex.question else (ex.question, "")
+    link = f" So {start} is connected to {end} through {ex.answers[0]}." if end else ""
+    return " ".join(ex.facts) + link
 
 
 _SENTENCE = re.compile(r"[^.!?\n]*?[^\s.!?\n][^.!?\n]*[.!?]")
@@ -301,6 +321,7 @@ class TrajectoryBuilder:
         answer again. With ``wrong_first`` the answer before the feedback is a wrong one (kept out of the
         loss) and the verified answer corrects it."""
         answer = ex.answers[0]
+        wrong_first = wrong_first and not ex.summary  # a summary's facts would contradict a wrong box
         first = self._wrong_answer(answer, rng) if wrong_first else answer
         if wrong_first:
             t.segments[-1] = {"role": "model", "train": False,
@@ -323,7 +344,8 @@ class TrajectoryBuilder:
         verdict = f"{fact_q} {answer}." if ex.chain else f"The result confirms {answer}."
         if wrong_first:
             verdict += f" Not {first}."
-        t.segments.append({"role": "model", "text": _answer_turn("<think>" + verdict, answer), "train": True})
+        t.segments.append({"role": "model", "text": _answer_turn("<think>" + verdict, answer, summary_text(ex)),
+                           "train": True})
         t.stie_rounds += 1
         if wrong_first and "stie_correction" not in t.noise:
             t.noise.append("stie_correction")
@@ -398,7 +420,7 @@ class TrajectoryBuilder:
             facts = " ".join(self._fact(h.question, h.answer, segs[-1]["text"]) for h in hops)
         if ex.type in ("comparison", "bridge_comparison"):
             facts += f" So the answer is {ex.answers[0]}."
-        model(_answer_turn(("<think>" if segs else "") + facts.strip(), ex.answers[0]))
+        model(_answer_turn(("<think>" if segs else "") + facts.strip(), ex.answers[0], summary_text(ex)))
         if not reads_background:
             background, _ = self._world_background(ex, rho, rng, kinds, noise)
         return TrajectoryExample(ex.question, list(ex.answers), segs, background, "world",

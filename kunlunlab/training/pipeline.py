@@ -60,7 +60,8 @@ SMOKE_OVERRIDES = {
     "sft.max_steps": 2, "sft.batch_size": 2, "sft.save_steps": 1, "sft.train_layers": 2,
     "dapo.steps": 1, "dapo.prompts_per_step": 1, "dapo.num_generations": 2, "dapo.max_total_tokens": 160,
     "dapo.max_turn_tokens": 32, "dapo.max_resample": 0,
-    "eval.world_questions": 2, "eval.hotpot_questions": 1, "eval.max_total_tokens": 160, "eval.max_turn_tokens": 32,
+    "eval.world_questions": 2, "eval.hotpot_questions": 1, "eval.summary_questions": 1, "eval.max_total_tokens": 160,
+    "eval.max_turn_tokens": 32,
     "agent.rdra.plan_tokens": 16, "agent.stie.max_rounds": 2, "mixing.plan_samples": 1,
     "mixing.stie_feedback_share": 0.5,
 }
@@ -149,6 +150,7 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
             "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
             "format_compliance": _format_compliance(records), "searches": summary["searches_per_question"],
             "agent_searches": summary.get("agent_searches_per_question"),
+            "long_share": summary.get("long_share"), "fact_coverage": summary.get("fact_coverage"),
             "seconds": summary["wall_seconds"]}
 
 
@@ -315,6 +317,9 @@ class TrainingRun:
             result["hotpotqa_distractor"] = evaluate_model(self.model, self.tok, self.cfg, data.hotpot_heldout,
                                                            data.hotpot_passages, "hotpotqa_distractor",
                                                            out / f"eval_{tag}_hotpot.jsonl", share, self.cfg.retrieval)
+        if data.heldout_summary:  # the long-answer mode: which mode the model picks, and its summaries' coverage
+            result["world_summary"] = evaluate_model(self.model, self.tok, self.cfg, data.heldout_summary, data.passages,
+                                                     "world", out / f"eval_{tag}_summary.jsonl", share)
         if data.rl_heldout and (self.cfg.retrieval.configured or data.rl_passages):  # else there is no corpus
             result["rl_heldout"] = evaluate_model(self.model, self.tok, self.cfg, data.rl_heldout, data.rl_passages or None,
                                                   "rl_heldout", out / f"eval_{tag}_rl.jsonl", share, self.cfg.retrieval)
@@ -487,7 +492,8 @@ class TrainingRun:
                                 rdra=cfg.agent.rdra if whole else None, stie=cfg.agent.stie if whole else None,
                                 supporting={q.question: list(q.supporting_ids) for q in pool},
                                 inference_dtype=cfg.inference_dtype,
-                                routes={q: real_search for q in real} if real_search else None)
+                                routes={q: real_search for q in real} if real_search else None,
+                                facts={q.question: list(q.facts) for q in pool if q.facts})
         dataset = rl_dataset([q.question for q in pool], [q.answers for q in pool])
         trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
                            cfg.seed, callbacks=self.dapo_callbacks, world_size=self.plan.world_size,
@@ -600,6 +606,7 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
         "format_compliance_before": pct(wb.get("format_compliance")),
         "format_compliance_after": pct(wa["format_compliance"]),
         "searches_before": wb.get("searches"), "searches_after": wa["searches"],
+        "long_share_before": pct(wb.get("long_share")), "long_share_after": pct(wa.get("long_share")),
         "agent_searches_after": wa.get("agent_searches"),
         "steps": sum(steps.values()), "steps_by_stage": steps,
         "seconds": round(sum(timings.values()), 1), "seconds_by_stage": timings,
@@ -624,11 +631,19 @@ def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, st
                 "n": ha["n"], "em_before": pct(hb.get("em")), "em_after": pct(ha["em"]), "f1_before": pct(hb.get("f1")),
                 "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb.get("format_compliance")),
                 "format_compliance_after": pct(ha["format_compliance"])}
+    if "world_summary" in after:  # the long-answer mode on summary-oriented questions
+        sb, sa = before.get("world_summary", {}), after["world_summary"]
+        summary["world_summary"] = {
+            "n": sa["n"], "em_before": pct(sb.get("em")), "em_after": pct(sa["em"]),
+            "fact_coverage_before": pct(sb.get("fact_coverage")), "fact_coverage_after": pct(sa["fact_coverage"]),
+            "long_share_before": pct(sb.get("long_share")), "long_share_after": pct(sa["long_share"]),
+            "format_compliance_before": pct(sb.get("format_compliance")),
+            "format_compliance_after": pct(sa["format_compliance"])}
     return summary
 
 
 HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl",
-                 "rl_heldout": "eval_after_rl.jsonl"}
+                 "rl_heldout": "eval_after_rl.jsonl", "world_summary": "eval_after_summary.jsonl"}
 
 
 def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:

@@ -23,6 +23,9 @@ from kunlunlab.training.pipeline import train
 
 RUN_CONFIGS = PROJECT_ROOT / "experiments" / "configs" / "runs"
 RUN_REFERENCE = "run:"  # "model": "run:<name>/<stage>/final"
+# Fields added to TrainConfig after records were kept, with the value that reproduces a record trained before
+# them (its train_config.json lacks the field); every run config states them, so a new default cannot move a rerun.
+ADDED_SINCE_RECORDS = {"summary_share": 0.0, "eval.summary_questions": 0}
 
 
 class UnknownRunError(ValueError):

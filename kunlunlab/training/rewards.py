@@ -8,7 +8,9 @@ Every component lies in [0, 1]. The mode is the one the model chose (``<short_an
 weighted ``nansum`` turns into eq. 17. Structure enters eq. 18 as a penalty (r_structure - 1), so a
 well-structured long answer reaches exactly R_short's maximum: choosing the long mode can never
 earn reward by itself (with a bonus, a box-only "long answer" out-scored a correct short one). Each component is its own TRL reward function, so
-``GRPOConfig.reward_weights`` are the w's and TRL logs every component separately.
+``GRPOConfig.reward_weights`` are the w's and TRL logs every component separately. On a summary-oriented
+question (``QAExample.facts``) accuracy also scores the summary's coverage of the gold facts
+(:func:`accuracy_score`), so the long mode is what earns its reward there.
 
 A reward reads the trajectory's *parse record* (:func:`parse_completion`): the rollout engine passes
 it through ``rollout_func``'s extra fields; plain completion text is parsed on the spot. Protocol
@@ -28,8 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kunlunlab.agent.protocol import ANSWER_TAGS, parse_turn
-from kunlunlab.eval.metrics import EXTRA_SEARCHES, exact_match, extra_searches, f1, recall_by_search
+from kunlunlab.agent.protocol import ANSWER_TAGS, final_answer_block, parse_turn
+from kunlunlab.eval.metrics import EXTRA_SEARCHES, exact_match, extra_searches, f1, fact_coverage, recall_by_search
 
 _RESULT_BLOCK = re.compile(r"<result>.*?(?:</result>|$)", re.S)
 
@@ -113,10 +115,7 @@ def parse_completion(text: str, model_tokens: int | None = None) -> ParseRecord:
             searches += 1
         elif turn.kind == "answer":
             final = turn
-    body = ""
-    if final is not None and final.answer_mode:
-        bodies = re.findall(f"<{final.answer_mode}_answer>(.*?)(?:</{final.answer_mode}_answer>|$)", model_text, re.S)
-        body = bodies[-1] if bodies else ""
+    body = final_answer_block(model_text)[1] if final is not None and final.answer_mode else ""
     return ParseRecord(answer=final.answer if final else None, mode=final.answer_mode if final else None,
                        answer_body=body, issues=sorted(set(issues)), n_searches=searches,
                        model_tokens=model_tokens, think_blocks=len(re.findall(r"<think>", model_text)))
@@ -150,10 +149,18 @@ def length_score(rec: ParseRecord, cfg: RewardConfig) -> float:
     return _band(len(rec.answer.split()), 0, cfg.short_target_words)
 
 
-def accuracy_score(rec: ParseRecord, golds: list[str], cfg: RewardConfig) -> float:
+def accuracy_score(rec: ParseRecord, golds: list[str], cfg: RewardConfig, facts: list[str] | None = None) -> float:
+    """The boxed answer against the gold aliases (EM or F1). A summary-oriented question (``facts``, the gold
+    facts its summary should state) scores half the box and half :func:`~kunlunlab.data.answers.fact_coverage`
+    of the answer's body. A departure: the paper scores long answers with its LLM judge (§3.2) and does not say
+    how accuracy enters eq. 18 for them; without a coverage term a bare ``\\boxed{link}`` earns a summary
+    question's full accuracy, and the long mode could never pay for itself in DAPO."""
     if rec.answer is None or not golds:
         return 0.0
-    return float(exact_match(rec.answer, golds)) if cfg.accuracy == "em" else f1(rec.answer, golds)
+    box = float(exact_match(rec.answer, golds)) if cfg.accuracy == "em" else f1(rec.answer, golds)
+    if not facts:
+        return box
+    return 0.5 * box + 0.5 * fact_coverage(rec.answer_body, facts)
 
 
 def structure_score(rec: ParseRecord) -> float | None:
@@ -248,12 +255,13 @@ def structure_term(structure: float | None) -> float | None:
 
 
 def score(record: ParseRecord | str, golds: list[str], cfg: RewardConfig | None = None,
-          budget: float | None = None) -> RewardBreakdown:
+          budget: float | None = None, facts: list[str] | None = None) -> RewardBreakdown:
     """Every component and the total of eq. 17 (short) or eq. 18 (long); plus ``w_budget`` times the
-    search-budget term when one is given (:func:`budget_score`)."""
+    search-budget term when one is given (:func:`budget_score`). ``facts``: a summary question's gold facts
+    (:func:`accuracy_score`)."""
     cfg = cfg or RewardConfig()
     rec = parse_completion(record) if isinstance(record, str) else record
-    parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg),
+    parts = (format_score(rec), length_score(rec, cfg), accuracy_score(rec, golds, cfg, facts),
              structure_score(rec) if cfg.dual_mode else None, overlong_penalty(rec, cfg))
     terms = parts[:3] + (structure_term(parts[3]), parts[4])
     total = sum(w * p for w, p in zip(cfg.weights, terms) if p is not None)
@@ -281,8 +289,9 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
     def length_reward(prompts, completions, **kw):
         return [length_score(r, cfg) for r in _records(completions, **kw)]
 
-    def accuracy_reward(prompts, completions, answers, **kw):
-        return [accuracy_score(r, g, cfg) for r, g in zip(_records(completions, **kw), answers)]
+    def accuracy_reward(prompts, completions, answers, facts=None, **kw):  # facts: summary questions' gold facts
+        facts = facts if facts is not None else [None] * len(answers)
+        return [accuracy_score(r, g, cfg, f) for r, g, f in zip(_records(completions, **kw), answers, facts)]
 
     def structure_reward(prompts, completions, **kw):  # eq. 18's penalty term; None (left out) for short answers
         records = _records(completions, **kw)

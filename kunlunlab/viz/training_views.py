@@ -1,6 +1,7 @@
 """Figures of notebooks 02-04: the mixing schedule, the mixed data, reward components, training curves."""
 from __future__ import annotations
 
+import html
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -135,12 +136,14 @@ def sft_loss_figure(sft_log: Sequence[dict]) -> go.Figure:
 
 
 BEFORE_AFTER_ROWS = (("EM", "em"), ("F1", "f1"), ("format compliance", "format_compliance"),
-                     ("searches / question", "searches"))
+                     ("searches / question", "searches"), ("long answers %", "long_share"))
+SUMMARY_ROWS = (("summary questions: EM of the boxed link", "em"), ("summary questions: fact coverage %", "fact_coverage"),
+                ("summary questions: long answers %", "long_share"))
 
 
 def before_after_html(summary: dict) -> str:
-    """``training_summary.json``'s before/after figures as a table (world rows, then HotpotQA's)."""
-    import html
+    """``training_summary.json``'s before/after figures as a table (world rows, then HotpotQA's, then the
+    summary-oriented questions': the long-answer mode)."""
 
     def cell(value) -> str:
         return "—" if value is None else html.escape(str(value))
@@ -150,5 +153,9 @@ def before_after_html(summary: dict) -> str:
     if hotpot:
         rows += [(f"HotpotQA {label}", hotpot.get(f"{key}_before"), hotpot.get(f"{key}_after"))
                  for label, key in BEFORE_AFTER_ROWS[:3]]
+    summaries = summary.get("world_summary") or {}
+    if summaries:
+        rows += [(f"{label} (n = {summaries.get('n')})", summaries.get(f"{key}_before"), summaries.get(f"{key}_after"))
+                 for label, key in SUMMARY_ROWS]
     body = "".join(f"<tr><td>{html.escape(label)}</td><td>{cell(b)}</td><td>{cell(a)}</td></tr>" for label, b, a in rows)
     return f"<table><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"

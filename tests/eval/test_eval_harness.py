@@ -7,12 +7,14 @@ import pytest
 
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.data.questions import summary_questions
 from kunlunlab.data.types import Hop, QAExample
 from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, AgentSettingsError, EvalConfig, build_pipeline, evaluate,
                                     load_agent_settings, make_judge_backend, router_summary, with_checkpoint_settings)
 from kunlunlab.eval.metrics import (agent_searches, evidence_search_floor, redundant_searches, search_floor,
                                     searches_past_stop, summarize, title_recall_curve)
 from kunlunlab.eval.stats import paired_bootstrap, paired_records
+from scripted import ScriptedBackend
 
 
 # ---------------------------------------------------------------------------- paired bootstrap
@@ -336,3 +338,23 @@ def test_evaluate_reports_the_router_with_a_network_tier(backend, world, questio
     assert summary["search_errors"] == 0  # the router's fallback is not a failed search
     assert "router" not in evaluate(EvalConfig(dataset="world", method="naive_gen", limit=1, index_kind="bm25"),
                                     None, backend=backend, examples=questions[:1], passages=world.passages)
+
+
+def test_records_say_which_answer_mode_was_chosen_and_what_the_summary_covers(backend, world, tmp_path):
+    """The long-answer mode read back from an evaluation: each record's ``answer_mode`` and, on a
+    summary-oriented question, the answer's ``fact_coverage``; the summary's ``long_share`` over the records."""
+    questions = summary_questions(world, 2, seed=11)
+    long_text = (f"</think>\n<long_answer>{' '.join(questions[0].facts)} \\boxed{{{questions[0].answers[0]}}}"
+                 "</long_answer>")
+    short_text = f"</think>\n<short_answer>\\boxed{{{questions[1].answers[0]}}}</short_answer>"
+    scripted = ScriptedBackend(backend.tokenizer, [[long_text], [short_text]])
+    config = EvalConfig(dataset="world_summary", method="agent", limit=2, index_kind="bm25", batch_size=2)
+    summary = evaluate(config, tmp_path / "out.jsonl", backend=scripted, examples=questions,
+                       passages=world.passages, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["answer_mode"] for r in records] == ["long", "short"] and [r["em"] for r in records] == [1.0, 1.0]
+    assert records[0]["fact_coverage"] == 1.0
+    link = questions[1].answers[0]
+    want = sum(len(link.split()) / len(f.rstrip(".").split()) for f in questions[1].facts) / 2  # only the link's words
+    assert records[1]["fact_coverage"] == pytest.approx(want)
+    assert summary["long_share"] == 0.5 and summary["fact_coverage"] == pytest.approx((1.0 + want) / 2, abs=1e-4)

@@ -106,3 +106,36 @@ def test_the_benchmarks_search_the_service_and_the_world_its_own_index(tmp_path,
     assert len(hotpot) == len(world) == 2
     assert sorted(received) == sorted(r["question"] for r in hotpot)  # naive RAG: one search, the question
     assert not {r["question"] for r in world} & set(received)
+
+
+def test_the_answer_modes_table_says_which_mode_each_method_chose():
+    """Notebook 06's long-answer columns: long-answer share on factoid and summary-oriented questions, the
+    summaries' fact coverage and the boxed link's EM, from the records (hand-computed)."""
+    from kunlunlab.studies.suite import MODES_TITLE, SuiteResult, suite_tables
+
+    def recs(modes, coverage=None, ems=None):
+        return [{"id": f"q{i}", "em": (ems or [0] * len(modes))[i], "f1": 0, "lj": None, "searches": 1,
+                 "answer_mode": m, "fact_coverage": None if coverage is None else coverage[i]}
+                for i, m in enumerate(modes)]
+
+    result = SuiteResult()
+    result.records = {"world": {"naive_rag": recs([None, None]), "kunlun": recs(["short", "long"])},
+                      "world_summary": {"naive_rag": recs([None, None], [0.2, 0.4]),
+                                        "kunlun": recs(["long", "long"], [1.0, 0.5], [1, 0])}}
+    header, rows = suite_tables(result, SuiteConfig(baselines=("naive_rag",), n_resamples=100))[MODES_TITLE]
+    assert header[1:5] == ["long % (factoid)", "long % (summary)", "fact coverage % (summary)", "EM link (summary)"]
+    assert rows == [["naive_rag", 0.0, 0.0, 30.0, 0.0, "2 / 2"], ["kunlun", 50.0, 100.0, 75.0, 50.0, "2 / 2"]]
+
+
+def test_world_summary_questions_are_held_out_summary_questions(tmp_path):
+    from kunlunlab.data.splits import load_splits
+    from kunlunlab.training.config import load_config
+
+    config = tmp_path / "train.json"
+    config.write_text(json.dumps({"world_passages": 600, "train_questions": 40, "summary_share": 0.25,
+                                  "hotpot": False}))
+    questions, passages = suite_data(SuiteConfig(train_config=str(config), datasets=("world_summary",),
+                                                 summary_questions=6))["world_summary"]
+    train = {q.question for q in load_splits(load_config(config).splits()).train}
+    assert len(questions) == 6 and all(q.summary for q in questions) and not train & {q.question for q in questions}
+    assert len(passages) == 600

@@ -419,3 +419,22 @@ def test_the_default_mixing_writes_the_kunlun_recipe(world, questions, bm25):
     assert sum(r["kind"] == "plan" for r in rows) == 12 and len(out) == 8 + 12
     assert all(t.background.startswith("Plan:\n") for t in out if t.kind == "trajectory")
     assert 0 < sum(r["stie_rounds"] > 0 for r in rows) < 8
+
+
+def test_summary_questions_are_answered_in_the_long_mode_and_factoid_ones_in_the_short(world, questions, bm25):
+    """The long-answer mode (§2.3) is in the SFT data: a summary-oriented question's last turn is a
+    ``<long_answer>`` stating the chain's facts, closed by the boxed link, scored as a perfect long answer;
+    its STIE round answers in the long form again and never starts with a wrong answer."""
+    from kunlunlab.data.questions import summary_questions
+
+    builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(**PLAIN), **SIZES)
+    for ex in summary_questions(world, 6, seed=4):
+        t = builder.world(ex)
+        record = parse_completion(t.text)
+        assert record.mode == "long" and record.answer == ex.answers[0] and format_compliant(record)
+        assert all(fact.rstrip(".") in record.answer_body for fact in ex.facts)
+        stie = builder.add_stie_round(builder.world(ex), ex, wrong_first=True, rng=random.Random(0))
+        answers = [parse_turn(s["text"]) for s in stie.segments if s["role"] == "model" and "_answer>" in s["text"]]
+        assert [(a.answer_mode, a.answer) for a in answers] == [("long", ex.answers[0])] * 2
+        assert "stie_correction" not in stie.noise
+    assert parse_completion(builder.world(questions[0]).text).mode == "short"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kunlunlab.configs import apply_overrides
 from kunlunlab.training import reruns
 from kunlunlab.training.config import drop_moved_keys
 
@@ -19,9 +20,17 @@ def test_every_kept_training_record_has_a_run_config_with_its_own_settings():
     assert records == set(configs)
     for record, name in configs.items():
         kept, _ = drop_moved_keys(json.loads((RESULTS / record / "train_config.json").read_text()))
+        kept = apply_overrides(kept, {k: v for k, v in reruns.ADDED_SINCE_RECORDS.items()
+                                      if _get(kept, k) is None})  # fields the record predates, as it ran
         mine = reruns.read_run_config(name)["config"]
         assert {k: v for k, v in mine.items() if k != "model"} == {k: v for k, v in kept.items() if k != "model"}, name
         assert (mine["model"] is None) == (kept["model"] is None), name  # a checkpoint start stays one
+
+
+def _get(config: dict, dotted: str):
+    for key in dotted.split("."):
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
 
 
 def test_a_budget_run_starts_from_the_sft_checkpoint_of_its_parent(tmp_path):

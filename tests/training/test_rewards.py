@@ -11,7 +11,7 @@ from kunlunlab.training.rewards import (ParseRecord, RewardConfig, overlong_pena
 @pytest.mark.parametrize("case", REWARD_CASES, ids=lambda c: c["name"])
 def test_each_component_on_the_hand_written_cases(case):
     record = parse_completion(case["text"], model_tokens=case.get("model_tokens"))
-    got = score(record, case["golds"])
+    got = score(record, case["golds"], facts=case.get("facts"))
     for key, want in case["expect"].items():
         value = getattr(got, key)
         assert (value is None) if want is None else math.isclose(value, want, abs_tol=1e-9), (key, value, want)
@@ -92,3 +92,24 @@ def test_r_short_only_ablation_scores_every_answer_by_eq17():
     fns = reward_functions(cfg)
     text = by_name["long answer, box only"]["text"]
     assert fns[3](["q"], [text]) == [None] and fns[1](["q"], [text]) == [1.0]
+
+
+def test_summary_questions_pay_the_long_mode_and_factoid_ones_do_not():
+    """On a summary-oriented question the accuracy term also scores the summary's fact coverage, so the long
+    answer out-earns the bare box; on a factoid question the two modes tie at their best (eq. 18's penalty)."""
+    by_name = {c["name"]: c for c in REWARD_CASES}
+    long = by_name["summary question, long answer"]
+    short = by_name["summary question, short answer"]
+    long_total = score(long["text"], long["golds"], facts=long["facts"]).total
+    short_total = score(short["text"], short["golds"], facts=short["facts"]).total
+    assert math.isclose(long_total, 1.3) and math.isclose(short_total, 0.2 + 0.1 + (0.5 + 0.5 * (2 / 7 + 2 / 5) / 2))
+    assert math.isclose(score(long["text"], long["golds"]).total, score(short["text"], short["golds"]).total)
+
+
+def test_the_trl_accuracy_reward_reads_the_facts_column():
+    by_name = {c["name"]: c for c in REWARD_CASES}
+    short = by_name["summary question, short answer"]
+    accuracy = reward_functions()[2]
+    got = accuracy([None, None], [short["text"], short["text"]], answers=[short["golds"]] * 2,
+                   facts=[short["facts"], None])
+    assert math.isclose(got[0], 0.5 + 0.5 * (2 / 7 + 2 / 5) / 2) and got[1] == 1.0

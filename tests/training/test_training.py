@@ -10,6 +10,7 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.training.mixing import MixingConfig, TrajectoryBuilder
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.training.config import DAPOStageConfig, SFTStageConfig, load_config
+from kunlunlab.training.dapo import SearchRollout
 from kunlunlab.training.rewards import RewardConfig
 
 
@@ -140,6 +141,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch)
                 "format_compliance_after", "steps", "seconds"):
         assert key in summary
     assert summary["steps_by_stage"] == {"sft": 2, "dapo": 2}
+    assert summary["world_summary"]["n"] == 1 and (tmp_path / "eval_after_summary.jsonl").is_file()
     rollouts = [json.loads(line) for line in (tmp_path / "dapo_rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {0, 1}
 
@@ -291,3 +293,19 @@ def test_a_group_right_everywhere_but_unequal_in_searches_is_informative_when_fl
     assert out["budget"] == [1.0, 0.75, None, None]
     assert [any(m) for m in out["env_mask"]] == [q0_in_loss, q0_in_loss, True, True]
     assert rollout.history[-1]["accuracy"] == 0.75
+
+
+def test_dapo_accuracy_scores_a_summary_questions_facts(bm25, questions):
+    """The rollout's accuracy signal (what dynamic sampling judges flatness on) reads a summary-oriented question's
+    gold facts: the long answer that states them earns 1, the bare box only its share."""
+    from types import SimpleNamespace
+
+    facts = ["Ara was produced by Bel.", "Bel is headquartered in Cim."]
+    rollout = SearchRollout(bm25.search, None, {"Describe how Ara is connected to Cim.": ["Bel"]}, RolloutConfig(),
+                            DAPOStageConfig(), RewardConfig(), facts={"Describe how Ara is connected to Cim.": facts})
+    long = SimpleNamespace(text="<think>x</think>\n<long_answer>Ara was produced by Bel. Bel is headquartered in Cim. "
+                                "\\boxed{Bel}</long_answer>", model_tokens=20, final_answer=None)
+    short = SimpleNamespace(text="<think>x</think>\n<short_answer>\\boxed{Bel}</short_answer>", model_tokens=5,
+                            final_answer=None)
+    question = "Describe how Ara is connected to Cim."
+    assert rollout._accuracies([question, question], [long, short]) == [1.0, 0.5 + 0.5 * (1 / 5 + 1 / 5) / 2]
