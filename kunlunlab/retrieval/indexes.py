@@ -208,7 +208,7 @@ class TorchFlatIndex(DeviceFlatIndex):
         super().__init__(source, keep_host)
 
     def _add_device(self, vectors: np.ndarray) -> None:
-        import torch
+        import torch  # deferred: the FAISS-only paths need no torch
 
         start = 0
         while start < len(vectors):
@@ -241,7 +241,7 @@ class TorchFlatIndex(DeviceFlatIndex):
             self._n += len(self.chunks[-1])
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        import torch
+        import torch  # deferred: the FAISS-only paths need no torch
 
         q = _as_matrix(queries)
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
@@ -382,20 +382,20 @@ class BM25Index:
     kind = "bm25"
 
     def __init__(self, k1: float = 1.5, b: float = 0.75):
-        import bm25s
+        import bm25s  # deferred: only BM25 indexes need it
 
         self.k1, self.b = k1, b
         self.model = bm25s.BM25(k1=k1, b=b)
         self.ntotal = 0
 
     def add_texts(self, texts: Sequence[str]) -> None:
-        import bm25s
+        import bm25s  # deferred: only BM25 indexes need it
 
         self.model.index(bm25s.tokenize(list(texts), stopwords="en", show_progress=False), show_progress=False)
         self.ntotal = len(texts)
 
     def search_text(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        import bm25s
+        import bm25s  # deferred: only BM25 indexes need it
 
         k_eff = min(k, self.ntotal)
         tokens = bm25s.tokenize(list(queries), stopwords="en", show_progress=False)
@@ -420,7 +420,7 @@ class BM25Index:
 
     @classmethod
     def load(cls, folder: Path, params: dict) -> "BM25Index":
-        import bm25s
+        import bm25s  # deferred: only BM25 indexes need it
 
         obj = cls.__new__(cls)
         obj.k1, obj.b = params["k1"], params["b"]

@@ -20,6 +20,7 @@ browser tests (``tests/notebooks/test_apps_browser.py``).
 from __future__ import annotations
 
 import html
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -28,8 +29,13 @@ from typing import Mapping, Sequence
 import ipywidgets as widgets
 
 from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.data import World, make_questions
+from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.studies.reward_cases import REWARD_CASES
 from kunlunlab.studies.stie_tuning import CONTROLS, Case, cases_from_records, format_readout, readout, simulated_cases
+from kunlunlab.training.config import load_config
 from kunlunlab.training.rewards import RewardConfig
+from kunlunlab.viz.data_views import reward_explanation_html
 
 # The weights of eqs. 17-18 the reward explorer has sliders for, and their range.
 REWARD_WEIGHTS = ("w_format", "w_length", "w_accuracy", "w_structure")
@@ -51,8 +57,6 @@ class RewardExplorer(widgets.VBox):
     fills text, gold and tokens; any change re-scores."""
 
     def __init__(self, cfg: RewardConfig | None = None, cases: Sequence[dict] | None = None):
-        from kunlunlab.studies.reward_cases import REWARD_CASES
-
         self.base = cfg or RewardConfig()
         self.cases = list(cases or REWARD_CASES)
         first = self.cases[0]
@@ -87,8 +91,6 @@ class RewardExplorer(widgets.VBox):
 
     def explain(self, *_) -> None:
         """Re-scores the current text under the current weights into ``readout``."""
-        from kunlunlab.viz.data_views import reward_explanation_html
-
         if self._picking:
             return
         self.readout.value = reward_explanation_html(self.text.value, self.gold.value, self.config,
@@ -186,10 +188,6 @@ def simulation_cases(n_questions: int = SIMULATED_QUESTIONS, seed: int = 0, trai
     built as the notebook builds it at its defaults: gold answers of ``n_questions`` questions of the
     training config's synthetic world (question seed ``seed + 2``), the first 50 passage titles as
     distractors. No model and no index: under a second."""
-    from kunlunlab.data import World, make_questions
-    from kunlunlab.paths import PROJECT_ROOT
-    from kunlunlab.training.config import load_config
-
     path = Path(train_config)
     cfg = load_config(path if path.is_absolute() else PROJECT_ROOT / path)
     world = World.generate(n_passages=cfg.world_passages, seed=cfg.world_seed)
@@ -203,8 +201,6 @@ def rounds_file(path: str | Path) -> Path:
     (``<run>/05_stie_tuning``) or the run folder (``<run>``). A relative path is tried from the working
     directory, then from the repository root (a Voilà kernel runs in ``apps/``). Raises
     FileNotFoundError otherwise."""
-    from kunlunlab.paths import PROJECT_ROOT
-
     path = Path(path).expanduser()
     bases = [path] if path.is_absolute() else [path, PROJECT_ROOT / path]
     for base in bases:
@@ -216,8 +212,6 @@ def rounds_file(path: str | Path) -> Path:
 
 def load_rounds(path: str | Path) -> list[Case]:
     """The cached rounds of ``rounds.jsonl`` (:func:`rounds_file` finds it) as STIE cases."""
-    import json
-
     lines = rounds_file(path).read_text(encoding="utf-8").splitlines()
     return cases_from_records([json.loads(line) for line in lines if line.strip()])
 
