@@ -50,11 +50,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
+import httpx
 import numpy as np
+import torch
 
 from kunlunlab.data.types import Passage
-from kunlunlab.retrieval.retriever import Hit, Retriever
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever, build_retriever
+from kunlunlab.retrieval.service import RetrievalServiceError, ServiceThread
 
 log = logging.getLogger(__name__)
 ACTIONS = ("local", "network", "both")
@@ -143,8 +145,6 @@ class RoutingPolicy:
     """NLR's policy (§2.4, no equation number): a two-layer MLP over the state, softmax over the three actions."""
 
     def __init__(self, config: NLRConfig | None = None, meta: dict | None = None):
-        import torch
-
         self.config = config or NLRConfig()
         self.meta = dict(meta or {})  # what it was trained on (index kind, corpus, latency), saved with it
         torch.manual_seed(self.config.seed)
@@ -153,8 +153,6 @@ class RoutingPolicy:
         self.history: list[dict] = []
 
     def probabilities(self, states: np.ndarray) -> np.ndarray:
-        import torch
-
         with torch.no_grad():
             return torch.softmax(self.net(torch.as_tensor(states, dtype=torch.float32)), -1).numpy()
 
@@ -171,8 +169,6 @@ class RoutingPolicy:
         ``recall`` and ``latency_ms`` are (queries x 3) tables measured by :meth:`NetworkLocalRouter.collect`;
         each epoch samples one action per state from the current policy and is rewarded by the table (eq. 20).
         """
-        import torch
-
         cfg = self.config
         rewards = torch.as_tensor(routing_reward(recall, latency_ms, cfg), dtype=torch.float32)
         x = torch.as_tensor(states, dtype=torch.float32)
@@ -197,16 +193,12 @@ class RoutingPolicy:
         return self.history
 
     def save(self, path) -> None:
-        import torch
-
         torch.save({"state_dict": self.net.state_dict(), "config": asdict(self.config), "meta": self.meta,
                     "n_features": N_FEATURES, "actions": list(ACTIONS)}, path)
 
     @classmethod
     def load(cls, path) -> "RoutingPolicy":
         """Loads what :meth:`save` wrote; a file from an older state layout is refused by name."""
-        import torch
-
         blob = torch.load(path, weights_only=True)
         n_features = blob.get("n_features", blob["state_dict"]["0.weight"].shape[1])
         if n_features != N_FEATURES or list(blob.get("actions", ACTIONS)) != list(ACTIONS):
@@ -448,9 +440,6 @@ def network_tier(passages: Sequence[Passage] | None = None, added_latency_ms: fl
     by ``added_latency_ms`` to stand for a slower web search; yields the URL for
     :class:`~kunlunlab.retrieval.service.RetrievalClient`; stops the server when the block ends.
     """
-    from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
-    from kunlunlab.retrieval.service import ServiceThread
-
     if (passages is None) == (retriever is None):
         raise ValueError("give either passages or a retriever")
     if retriever is None:
@@ -469,15 +458,11 @@ class SearxngClient:
     """SearxNG-style JSON web search (``GET /search?q=…&format=json``) as a network tier."""
 
     def __init__(self, url: str, timeout: float = 10.0, max_workers: int = 4):
-        import httpx
-
         self.url = url.rstrip("/")
         self.http = httpx.Client(timeout=timeout)
         self.max_workers = max_workers
 
     def _one(self, query: str, k: int) -> list[Hit]:
-        import httpx
-
         try:
             response = self.http.get(self.url + "/search", params={"q": query, "format": "json"})
             response.raise_for_status()
