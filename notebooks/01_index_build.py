@@ -24,7 +24,8 @@
 # 3. Why the clustering retriever's advantage depends on the corpus size.
 #
 # Code: `kunlunlab/retrieval/indexes.py` (Flat, IVF-PQ, HNSW, BM25), `kunlunlab/retrieval/clustered.py` (the
-# clustering retriever), `kunlunlab/retrieval/evaluation.py` (the measurements; `python -m kunlunlab.bench
+# clustering retriever; its cluster count in `cluster_sizing.py`, its sampling and weights in
+# `cluster_sampling.py`), `kunlunlab/retrieval/evaluation.py` (the measurements; `python -m kunlunlab.bench
 # retrieval` calls the same `compare_indexes`).
 
 # %% tags=["parameters"]
@@ -201,9 +202,9 @@ fig
 # ## Inside the clustering retriever (§3.1.1)
 #
 # The paper describes the retriever's mechanisms in prose. The formulas below are the workbench's reading
-# of that prose, written exactly as `kunlunlab/retrieval/clustered.py` computes them; the module docstring
-# names each place where the workbench made a choice the paper leaves open (the default cluster count,
-# the rounding of quotas, $\gamma = 1$, the bound on the weights).
+# of that prose, written exactly as `kunlunlab/retrieval/clustered.py` and `cluster_sampling.py` compute them;
+# the docstring of `clustered.py` names each place where the workbench made a choice the paper leaves open (the
+# default cluster count, the rounding of quotas, $\gamma = 1$, the bound on the weights).
 #
 # ### Build: clusters and compact codes
 #

@@ -52,8 +52,9 @@ import json
 from IPython.display import HTML, display
 
 from kunlunlab.paths import notebook_run_dir
-from kunlunlab.training.pipeline import TrainingRun, run_config, training_logs
 from kunlunlab.training.config import TrainConfig
+from kunlunlab.training.pipeline import TrainingRun, run_config
+from kunlunlab.training.records import training_logs
 from kunlunlab.viz import (before_after_figure, before_after_html, config_table_html, data_figure, render_trajectory,
                            save_figure, sft_loss_figure, training_curves)
 

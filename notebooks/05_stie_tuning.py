@@ -61,7 +61,7 @@ from IPython.display import display, HTML
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig, RoundInput, difference, overlap, replay, words
 from kunlunlab.studies.stie_tuning import (TUNING_GRID, cases_from_records, grid_search, score, simulated_cases,
                                            validate)
-from kunlunlab.agent.backends import TransformersBackend
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.data import make_questions
 from kunlunlab.eval.harness import EvalConfig, evaluate, with_checkpoint_settings

@@ -61,7 +61,7 @@ import json
 from IPython.display import HTML, display
 from kunlunlab.eval.metrics import exact_match, f1, normalize_answer
 from kunlunlab.paths import notebook_run_dir, shared_data_dir
-from kunlunlab.training.pipeline import compare_runs
+from kunlunlab.training.records import compare_runs
 from kunlunlab.studies.suite import MODES_TITLE, TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
 from kunlunlab.viz import method_bars, save_figure, table_html
 from kunlunlab.viz.trajectory_browser import (record_html, runs_from_suite, stie_config_for, trajectories_html,
@@ -266,7 +266,7 @@ display(browser.widget)
 #
 # The rows above change the agent at inference; these change *training*, so each needs its own run of
 # notebook 04's config (`kunlunlab train`), and the rows compare the runs' evaluations after training on
-# the same held-out questions (the same seeds give the same questions; `kunlunlab/training/pipeline.py::
+# the same held-out questions (the same seeds give the same questions; `kunlunlab/training/records.py::
 # compare_runs` pairs them by id and refuses runs evaluated on other questions):
 #
 # | run | what changes | `kunlunlab train --config experiments/configs/training/train_embedded_cpu.json --set …` |

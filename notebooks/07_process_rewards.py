@@ -66,8 +66,9 @@ from IPython.display import HTML, display
 
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
 from kunlunlab.studies.training_variants import cost_table, reference_mismatch, run_costs, train_variant
-from kunlunlab.training.pipeline import TrainingRun, compare_runs, run_config, training_logs
-from kunlunlab.training.process_rewards import read_preferences
+from kunlunlab.training.pipeline import TrainingRun, run_config
+from kunlunlab.training.preferences import read_preferences
+from kunlunlab.training.records import compare_runs, training_logs
 from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair_stats_table, save_figure, table_html,
                            tree_html)
 
@@ -191,8 +192,8 @@ add_variant("DAPO", {"dapo.steps": dapo_steps})
 #
 # ReasonRAG (Zhang et al., *Process vs. Outcome Reward: Which is Better for Agentic RAG Reinforcement
 # Learning*, arXiv 2505.14069) rewards **steps** instead of trajectories
-# (`kunlunlab/training/process_rewards.py`, `kunlunlab/training/dpo.py`). A step is one model turn of the
-# protocol: `<think>…</think><search>…</search>` or an answer.
+# (`kunlunlab/training/process_rewards.py`, `kunlunlab/training/preferences.py`, `kunlunlab/training/dpo.py`).
+# A step is one model turn of the protocol: `<think>…</think><search>…</search>` or an answer.
 #
 # **Tree search (MCTS).** For each of the first `prl_questions` training questions the SFT model grows a tree
 # whose root is the prompt (with RDRA's background, as the whole agent sees it). Each of the

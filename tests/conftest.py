@@ -57,7 +57,7 @@ def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def backend():
-    from kunlunlab.agent.backends import TransformersBackend
+    from kunlunlab.agent.transformers_backend import TransformersBackend
 
     return TransformersBackend()
 

@@ -49,7 +49,7 @@ def install_generation_server_stand_in(run_dir: Path) -> None:
     ``<run dir>/rank<i>_server_calls.jsonl``."""
     import trl.trainer.grpo_trainer as grpo
 
-    from kunlunlab.agent import backends
+    from kunlunlab.agent import openai_backend
 
     class WeightSyncStandIn:
         def __init__(self, accelerator=None, **kwargs):
@@ -63,7 +63,7 @@ def install_generation_server_stand_in(run_dir: Path) -> None:
             with (run_dir / f"rank{self.accelerator.process_index}_syncs.jsonl").open("a") as f:
                 f.write("{}\n")
 
-    complete = backends.OpenAIBackend.complete
+    complete = openai_backend.OpenAIBackend.complete
 
     def recording_complete(self, prompts, *args, **kwargs):
         import torch.distributed as dist
@@ -74,7 +74,7 @@ def install_generation_server_stand_in(run_dir: Path) -> None:
         return complete(self, prompts, *args, **kwargs)
 
     grpo.VLLMGeneration = WeightSyncStandIn
-    backends.OpenAIBackend.complete = recording_complete
+    openai_backend.OpenAIBackend.complete = recording_complete
 
 
 def main(argv: list[str]) -> int:

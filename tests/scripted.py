@@ -133,9 +133,10 @@ class PrefixScriptedBackend:
 
 
 class PolicyModel(torch.nn.Module):
-    """A stand-in for a causal LM that runs inside the real :class:`~kunlunlab.agent.backends.TransformersSession`
-    (KV cache, masking, sampling), for tests of generation constraints: its next-token logits are a function of
-    the row's whole text. ``policy(text)`` returns ranked ``(turn text, score)`` targets for the turn being written;
+    """A stand-in for a causal LM that runs inside the real
+    :class:`~kunlunlab.agent.transformers_backend.TransformersSession` (KV cache, masking, sampling), for tests
+    of generation constraints: its next-token logits are a function of the row's whole text. ``policy(text)``
+    returns ranked ``(turn text, score)`` targets for the turn being written;
     every target that extends what the turn holds so far (the text after the last ``</result>`` block, or after the
     prompt's first line) scores its next token (the first token of its remaining text); all other tokens score 0.
     The row's token history is kept in the session's own cache (ids as float keys), so release, compaction and

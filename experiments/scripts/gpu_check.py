@@ -75,7 +75,8 @@ def tokenizer_from(folder: str | None):
 
 def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
     """Tokens/s of the KV-cached rollout engine against ``model.generate`` on the same greedy batch."""
-    from kunlunlab.agent.backends import TransformersBackend, generate_once
+    from kunlunlab.agent.backends import generate_once
+    from kunlunlab.agent.transformers_backend import TransformersBackend
 
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(100, len(tok) - 100, (batch, prompt_len), generator=g).tolist()

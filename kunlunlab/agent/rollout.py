@@ -10,7 +10,7 @@ what keeps retrieved tokens out of the RL loss (paper eq. 19).
 An optional answer controller (STIE, :mod:`kunlunlab.agent.stie`) sees every answer round and
 decides whether the sample stops or continues with a feedback block. A controller that blocks answers
 (STIE's eq. 13, ``answer_block``) has its block handed to the session after each round, as a constraint
-on the row's later answers (:meth:`~kunlunlab.agent.backends.TransformersSession.block_answers`); a
+on the row's later answers (:meth:`~kunlunlab.agent.transformers_backend.TransformersSession.block_answers`); a
 session that cannot enforce it (the OpenAI-compatible one) is logged once per run, counted in
 ``RolloutStats.unenforced_blocks``, and a round whose answer the block covers is marked with the issue
 ``blocked_answer``. The feedback block is appended either way.
@@ -22,8 +22,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from kunlunlab.agent.backends import AnswerBlock, Backend, SamplingConfig, mean_confidence, text_ids
-from kunlunlab.agent.protocol import RESULT_TEMPLATE, format_results, parse_turn
+from kunlunlab.agent.backends import (AnswerBlock, Backend, GenerationSession, SamplingConfig, Segment, mean_confidence,
+                                      text_ids)
+from kunlunlab.agent.protocol import RESULT_TEMPLATE, Turn, format_results, parse_turn
 from kunlunlab.retrieval.service import RetrievalServiceError
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,54 @@ class RolloutStats:
     unenforced_blocks: int = 0     # blocks handed to a session that cannot enforce them
 
 
+@dataclass
+class _TurnOutcome:
+    """What one turn decided for its samples, collected while their segments are read."""
+
+    pending: dict[int, list[str]] = field(default_factory=dict)  # sample -> its queries, searched this turn
+    appends: dict[int, str] = field(default_factory=dict)  # sample -> the result or feedback text it gets next
+    new_blocks: dict[int, AnswerBlock] = field(default_factory=dict)  # sample -> the controller's new answer block
+    done: list[int] = field(default_factory=list)  # samples that stop after this turn
+
+
+class _Run:
+    """The state one :meth:`RolloutEngine.run` call keeps across its turns: the trajectories and, per sample,
+    the text its next turn is parsed after, its earlier queries, its current round's searches and its block."""
+
+    def __init__(self, cfg: RolloutConfig, prompts: Sequence[Sequence[int]], questions: Sequence[str],
+                 prefixes: Sequence[str] | None, controller: AnswerController | None):
+        self.cfg = cfg
+        self.start = time.perf_counter()
+        self.trajs = [Trajectory(q, list(p)) for q, p in zip(questions, prompts)]
+        self.carry = list(prefixes) if prefixes else [""] * len(self.trajs)  # parsed before the next turn's text
+        for t, prefix in zip(self.trajs, self.carry):
+            if prefix:
+                t.steps.append({"kind": "prefix", "text": prefix})
+        self.searched: list[list[set[str]]] = [[] for _ in self.trajs]  # word sets of earlier queries (repeat blocking)
+        self.round_queries: list[list[str]] = [[] for _ in self.trajs]
+        self.round_docs: list[list[str]] = [[] for _ in self.trajs]
+        self.controller = controller
+        self.answer_block = getattr(controller, "answer_block", None)
+        self.row_blocks: dict[int, AnswerBlock] = {}  # sample -> the answer block its session row is under
+        self.warned = False  # an unenforced block was logged (once per run)
+
+    def add(self, i: int, ids: list[int], text: str, model: bool, logprobs: list[float] | None = None,
+            **extra) -> None:
+        """Appends tokens to sample ``i``'s completion: the model's (mask 1, their log-probs) or the environment's."""
+        t = self.trajs[i]
+        t.completion_ids.extend(ids)
+        t.mask.extend([1 if model else 0] * len(ids))
+        t.logprobs.extend(logprobs if logprobs is not None and len(logprobs) == len(ids) else [0.0] * len(ids))
+        t.steps.append({"kind": "model" if model else extra.pop("kind", "result"), "text": text, **extra})
+
+    def budget_left(self, i: int) -> int:
+        return self.cfg.max_total_tokens - len(self.trajs[i].completion_ids)
+
+    def finish(self, i: int, why: str) -> None:
+        self.trajs[i].finish = why
+        self.trajs[i].seconds = time.perf_counter() - self.start
+
+
 class RolloutEngine:
     def __init__(self, backend: Backend, search: SearchFn | None, config: RolloutConfig | None = None):
         self.backend, self.search, self.config = backend, search, config or RolloutConfig()
@@ -164,159 +213,162 @@ class RolloutEngine:
             controller: AnswerController | None = None, prefixes: Sequence[str] | None = None) -> list[Trajectory]:
         """``prefixes``: text at the end of each prompt that opens the assistant's reply (e.g. ``<think>``);
         it is part of the prompt tokens, and the first turn is parsed as prefix + generated text."""
-        cfg = self.config
-        start = time.perf_counter()
-        trajs = [Trajectory(q, list(p)) for q, p in zip(questions, prompts)]
-        carry = list(prefixes) if prefixes else [""] * len(trajs)
-        for t, prefix in zip(trajs, carry):
-            if prefix:
-                t.steps.append({"kind": "prefix", "text": prefix})
-        session = self.backend.open(prompts, cfg.sampling)
-        active = list(range(len(trajs)))
-        searched: list[list[set[str]]] = [[] for _ in trajs]  # word sets of earlier queries (repeat blocking)
-        round_queries: list[list[str]] = [[] for _ in trajs]
-        round_docs: list[list[str]] = [[] for _ in trajs]
-        answer_block = getattr(controller, "answer_block", None)
-        row_blocks: dict[int, AnswerBlock] = {}  # sample -> the answer block its session row is under
-        warned = False
-
-        def add(i: int, ids: list[int], text: str, model: bool, logprobs: list[float] | None = None, **extra) -> None:
-            t = trajs[i]
-            t.completion_ids.extend(ids)
-            t.mask.extend([1 if model else 0] * len(ids))
-            t.logprobs.extend(logprobs if logprobs is not None and len(logprobs) == len(ids) else [0.0] * len(ids))
-            t.steps.append({"kind": "model" if model else extra.pop("kind", "result"), "text": text, **extra})
-
-        def budget_left(i: int) -> int:
-            return cfg.max_total_tokens - len(trajs[i].completion_ids)
-
-        def finish(i: int, why: str) -> None:
-            trajs[i].finish = why
-            trajs[i].seconds = time.perf_counter() - start
-
+        state = _Run(self.config, prompts, questions, prefixes, controller)
+        session = self.backend.open(prompts, self.config.sampling)
+        active = list(range(len(state.trajs)))
         while active:
-            t0 = time.perf_counter()
-            limits = {i: min(cfg.max_turn_tokens, budget_left(i)) for i in active}
-            segments = session.generate(active, limits)
-            self.stats.generate_s += time.perf_counter() - t0
-            pending: dict[int, list[str]] = {}
-            appends: dict[int, str] = {}
-            new_blocks: dict[int, AnswerBlock] = {}
-            done: list[int] = []
+            turn = self._generate_turn(state, session, active)
+            self._search_pending(state, turn)
+            token_appends = self._append_texts(state, turn)
             for i in active:
-                seg, t = segments[i], trajs[i]
-                extra = {"interventions": seg.interventions} if seg.interventions else {}
-                add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs, **extra)
-                self.stats.model_tokens += len(seg.token_ids)
-                self.stats.answer_interventions += seg.interventions
-                turn = parse_turn(carry[i] + seg.text)
-                carry[i] = ""
-                t.issues.extend(turn.issues)
-                if turn.kind == "search":
-                    if t.n_searches + len(pending.get(i, [])) >= cfg.max_searches:
-                        appends[i] = RESULT_TEMPLATE.format(
-                            results=f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
-                        t.issues.append("search_limit")
-                        if "search_limit" in t.issues[:-1]:  # ignored the first notice
-                            done.append(i)
-                            finish(i, "search_limit")
-                        continue
-                    pending[i] = turn.queries
-                elif turn.kind == "invalid":
-                    appends[i] = RESULT_TEMPLATE.format(results="(empty query: nothing was searched)")
-                elif turn.kind == "answer":
-                    t.answer, t.answer_mode = turn.answer, turn.answer_mode
-                    round_ = AnswerRound(turn.answer, seg.mean_logprob, mean_confidence(seg.logprobs),
-                                         round_queries[i], round_docs[i], list(turn.issues))
-                    t.rounds.append(round_)
-                    round_queries[i], round_docs[i] = [], []
-                    if i in row_blocks:
-                        self.stats.blocked_rounds += 1
-                        if turn.answer is not None and row_blocks[i].rejects(turn.answer):  # the block did not hold
-                            t.issues.append("blocked_answer")
-                            self.stats.blocked_answer_repeats += 1
-                    stop, feedback = True, None
-                    if controller is not None:
-                        c0 = time.perf_counter()
-                        stop, feedback = controller.observe(i, round_)
-                        block = answer_block(i) if answer_block is not None and not stop else None
-                        if block is not None:
-                            new_blocks[i] = block
-                        self.stats.controller_s += time.perf_counter() - c0
-                        self.stats.controller_rounds += 1
-                    if stop or budget_left(i) < 32:
-                        done.append(i)
-                        finish(i, "answer" if controller is None else "controller")
-                    else:
-                        appends[i] = RESULT_TEMPLATE.format(results=feedback or "Check your answer.")
-                else:  # incomplete (token limit inside an action) or no action at all
-                    done.append(i)
-                    finish(i, "budget" if seg.finish == "length" else ("no_action" if turn.kind == "none"
-                                                                        else "incomplete"))
-            # One retrieval call for every pending query of every sample; a sample's exact repeat of an
-            # earlier query (same bag of words) is blocked and answered from memory instead.
-            repeats = {i: [cfg.block_repeated_queries and set(q.lower().split()) in searched[i] for q in qs]
-                       for i, qs in pending.items()}
-            fresh = [q for i, qs in pending.items() for q, rep in zip(qs, repeats[i]) if not rep]
-            contexts = {q: {"searches_so_far": trajs[i].n_searches,
-                            "context_tokens": len(trajs[i].prompt_ids) + len(trajs[i].completion_ids)}
-                        for i, qs in pending.items() for q in qs}
-            t0 = time.perf_counter()
-            results, error = self._retrieve(fresh, contexts)
-            elapsed = time.perf_counter() - t0
-            for i, qs in pending.items():
-                t = trajs[i]
-                t.retrieval_seconds += elapsed
-                blocks, ids = [], []
-                for q, rep in zip(qs, repeats[i]):
-                    if rep:
-                        blocks.append(["(repeated query: see the earlier results above)"])
-                        t.issues.append("repeated_query")
-                    else:
-                        blocks.append(results.get(q, []))
-                        ids.extend(h.id for h in blocks[-1])
-                    searched[i].append(set(q.lower().split()))
-                t.queries.append(qs)
-                t.doc_ids.append(ids)
-                round_queries[i].extend(qs)
-                round_docs[i].extend(ids)
-                if error:
-                    t.search_errors.append(error)
-                    appends[i] = RESULT_TEMPLATE.format(results=f"(search unavailable: {error[:200]})")
+                if i not in turn.done and i not in token_appends:  # cannot happen by construction; never spin
+                    turn.done.append(i)
+                    state.finish(i, "incomplete")
+            session.release(turn.done)
+            session.append({i: ids for i, ids in token_appends.items() if i not in turn.done})
+            self._hand_blocks(state, session, turn)
+            active = [i for i in active if i not in turn.done]
+        self.stats.seconds += time.perf_counter() - state.start
+        return state.trajs
+
+    def _generate_turn(self, state: _Run, session: GenerationSession, active: list[int]) -> _TurnOutcome:
+        """One turn of generation for every active sample, each segment then read by :meth:`_read_segment`."""
+        t0 = time.perf_counter()
+        limits = {i: min(self.config.max_turn_tokens, state.budget_left(i)) for i in active}
+        segments = session.generate(active, limits)
+        self.stats.generate_s += time.perf_counter() - t0
+        turn = _TurnOutcome()
+        for i in active:
+            self._read_segment(state, turn, i, segments[i])
+        return turn
+
+    def _read_segment(self, state: _Run, turn: _TurnOutcome, i: int, seg: Segment) -> None:
+        """Records sample ``i``'s generated segment and decides what follows it: its queries are searched, a
+        notice is appended, an answer round is taken (:meth:`_answer_round`), or the sample ends."""
+        cfg, t = self.config, state.trajs[i]
+        extra = {"interventions": seg.interventions} if seg.interventions else {}
+        state.add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs, **extra)
+        self.stats.model_tokens += len(seg.token_ids)
+        self.stats.answer_interventions += seg.interventions
+        parsed = parse_turn(state.carry[i] + seg.text)
+        state.carry[i] = ""
+        t.issues.extend(parsed.issues)
+        if parsed.kind == "search":
+            if t.n_searches + len(turn.pending.get(i, [])) >= cfg.max_searches:
+                turn.appends[i] = RESULT_TEMPLATE.format(
+                    results=f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
+                t.issues.append("search_limit")
+                if "search_limit" in t.issues[:-1]:  # ignored the first notice
+                    turn.done.append(i)
+                    state.finish(i, "search_limit")
+                return
+            turn.pending[i] = parsed.queries
+        elif parsed.kind == "invalid":
+            turn.appends[i] = RESULT_TEMPLATE.format(results="(empty query: nothing was searched)")
+        elif parsed.kind == "answer":
+            self._answer_round(state, turn, i, parsed, seg)
+        else:  # incomplete (token limit inside an action) or no action at all
+            turn.done.append(i)
+            state.finish(i, "budget" if seg.finish == "length" else ("no_action" if parsed.kind == "none"
+                                                                     else "incomplete"))
+
+    def _answer_round(self, state: _Run, turn: _TurnOutcome, i: int, parsed: Turn, seg: Segment) -> None:
+        """An answer becomes a round (STIE's unit), is checked against the sample's answer block, and goes to the
+        controller, which stops the sample or has it continue after a feedback block (and may block answers)."""
+        t = state.trajs[i]
+        t.answer, t.answer_mode = parsed.answer, parsed.answer_mode
+        round_ = AnswerRound(parsed.answer, seg.mean_logprob, mean_confidence(seg.logprobs),
+                             state.round_queries[i], state.round_docs[i], list(parsed.issues))
+        t.rounds.append(round_)
+        state.round_queries[i], state.round_docs[i] = [], []
+        if i in state.row_blocks:
+            self.stats.blocked_rounds += 1
+            if parsed.answer is not None and state.row_blocks[i].rejects(parsed.answer):  # the block did not hold
+                t.issues.append("blocked_answer")
+                self.stats.blocked_answer_repeats += 1
+        stop, feedback = True, None
+        if state.controller is not None:
+            c0 = time.perf_counter()
+            stop, feedback = state.controller.observe(i, round_)
+            block = state.answer_block(i) if state.answer_block is not None and not stop else None
+            if block is not None:
+                turn.new_blocks[i] = block
+            self.stats.controller_s += time.perf_counter() - c0
+            self.stats.controller_rounds += 1
+        if stop or state.budget_left(i) < 32:
+            turn.done.append(i)
+            state.finish(i, "answer" if state.controller is None else "controller")
+        else:
+            turn.appends[i] = RESULT_TEMPLATE.format(results=feedback or "Check your answer.")
+
+    def _search_pending(self, state: _Run, turn: _TurnOutcome) -> None:
+        """One retrieval call for every pending query of every sample; a sample's exact repeat of an earlier
+        query (same bag of words) is blocked and answered from memory instead. Each searching sample's result
+        block (or the notice of an unavailable service) goes to ``turn.appends``."""
+        cfg, trajs = self.config, state.trajs
+        repeats = {i: [cfg.block_repeated_queries and set(q.lower().split()) in state.searched[i] for q in qs]
+                   for i, qs in turn.pending.items()}
+        fresh = [q for i, qs in turn.pending.items() for q, rep in zip(qs, repeats[i]) if not rep]
+        contexts = {q: {"searches_so_far": trajs[i].n_searches,
+                        "context_tokens": len(trajs[i].prompt_ids) + len(trajs[i].completion_ids)}
+                    for i, qs in turn.pending.items() for q in qs}
+        t0 = time.perf_counter()
+        results, error = self._retrieve(fresh, contexts)
+        elapsed = time.perf_counter() - t0
+        for i, qs in turn.pending.items():
+            t = trajs[i]
+            t.retrieval_seconds += elapsed
+            blocks, ids = [], []
+            for q, rep in zip(qs, repeats[i]):
+                if rep:
+                    blocks.append(["(repeated query: see the earlier results above)"])
+                    t.issues.append("repeated_query")
                 else:
-                    appends[i] = self._result_block(blocks, qs)
-            # Append result/feedback tokens; samples without room for them stop here.
-            token_appends = {}
-            for i, text in appends.items():
+                    blocks.append(results.get(q, []))
+                    ids.extend(h.id for h in blocks[-1])
+                state.searched[i].append(set(q.lower().split()))
+            t.queries.append(qs)
+            t.doc_ids.append(ids)
+            state.round_queries[i].extend(qs)
+            state.round_docs[i].extend(ids)
+            if error:
+                t.search_errors.append(error)
+                turn.appends[i] = RESULT_TEMPLATE.format(results=f"(search unavailable: {error[:200]})")
+            else:
+                turn.appends[i] = self._result_block(blocks, qs)
+
+    def _append_texts(self, state: _Run, turn: _TurnOutcome) -> dict[int, list[int]]:
+        """Records each sample's result or feedback text as environment tokens; samples without room for it stop
+        here. Returns the token ids to append to the session, by sample."""
+        cfg = self.config
+        token_appends = {}
+        for i, text in turn.appends.items():
+            ids = text_ids(self.tokenizer, text)
+            if len(ids) + 16 > state.budget_left(i):
+                turn.done.append(i)
+                state.finish(i, "budget")
+                continue
+            if cfg.result_suffix:
+                text += cfg.result_suffix
+                state.carry[i] = cfg.result_suffix  # the next turn is parsed as suffix + generated text
                 ids = text_ids(self.tokenizer, text)
-                if len(ids) + 16 > budget_left(i):
-                    done.append(i)
-                    finish(i, "budget")
-                    continue
-                if cfg.result_suffix:
-                    text += cfg.result_suffix
-                    carry[i] = cfg.result_suffix  # the next turn is parsed as suffix + generated text
-                    ids = text_ids(self.tokenizer, text)
-                add(i, ids, text, model=False, kind="result" if i in pending else "feedback")
-                self.stats.appended_tokens += len(ids)
-                token_appends[i] = ids
-            for i in active:
-                if i not in done and i not in token_appends:  # cannot happen by construction; never spin
-                    done.append(i)
-                    finish(i, "incomplete")
-            session.release(done)
-            session.append({i: ids for i, ids in token_appends.items() if i not in done})
-            new_blocks = {i: b for i, b in new_blocks.items() if i not in done}
-            if new_blocks:
-                row_blocks.update(new_blocks)
-                enforce = getattr(session, "block_answers", None)
-                if enforce is None or not enforce(new_blocks):
-                    self.stats.unenforced_blocks += len(new_blocks)
-                    if not warned:
-                        log.warning("the %s backend cannot constrain generation: STIE's answer block (eq. 13) "
-                                    "stays a feedback note; rounds that repeat a blocked answer are marked "
-                                    "'blocked_answer'", getattr(self.backend, "name", "generation"))
-                        warned = True
-            active = [i for i in active if i not in done]
-        self.stats.seconds += time.perf_counter() - start
-        return trajs
+            state.add(i, ids, text, model=False, kind="result" if i in turn.pending else "feedback")
+            self.stats.appended_tokens += len(ids)
+            token_appends[i] = ids
+        return token_appends
+
+    def _hand_blocks(self, state: _Run, session: GenerationSession, turn: _TurnOutcome) -> None:
+        """The controller's new answer blocks (STIE's eq. 13) of the samples that continue go to the session; a
+        session that cannot enforce them has them counted, and logged once per run."""
+        new_blocks = {i: b for i, b in turn.new_blocks.items() if i not in turn.done}
+        if not new_blocks:
+            return
+        state.row_blocks.update(new_blocks)
+        enforce = getattr(session, "block_answers", None)
+        if enforce is None or not enforce(new_blocks):
+            self.stats.unenforced_blocks += len(new_blocks)
+            if not state.warned:
+                log.warning("the %s backend cannot constrain generation: STIE's answer block (eq. 13) "
+                            "stays a feedback note; rounds that repeat a blocked answer are marked "
+                            "'blocked_answer'", getattr(self.backend, "name", "generation"))
+                state.warned = True

@@ -1,6 +1,6 @@
 """``kunlunlab serve-llm``: an OpenAI-compatible ``/v1/completions`` endpoint over the local backend.
 
-It lets several notebooks, the judge and the :class:`~kunlunlab.agent.backends.OpenAIBackend` share one
+It lets several notebooks, the judge and the :class:`~kunlunlab.agent.openai_backend.OpenAIBackend` share one
 loaded model, and it is the reference the OpenAI backend is tested against. It speaks the subset of
 the API that vLLM's completions endpoint speaks for rollouts: prompts as text or token ids (one or a
 batch), ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``logprobs``, and vLLM's
@@ -13,7 +13,8 @@ import threading
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
-from kunlunlab.agent.backends import SamplingConfig, TransformersBackend, text_ids
+from kunlunlab.agent.backends import SamplingConfig, text_ids
+from kunlunlab.agent.transformers_backend import TransformersBackend
 
 
 class CompletionRequest(BaseModel):

@@ -63,12 +63,12 @@ Departures, each with its reason:
   (the minimum of (8) taken lag by lag against its own threshold), which is how three thresholds can
   act on one minimum. ``min_difference`` reports D̄_t itself.
 * (13)'s block acts on generation through the rollout engine and the local session
-  (:class:`~kunlunlab.agent.backends.TransformersSession`) as a bad-words constraint on the answer span:
+  (:class:`~kunlunlab.agent.transformers_backend.TransformersSession`) as a bad-words constraint on the answer span:
   inside the box, the last token of each blocked spelling's token path (the path the model's own repeats
   took) is masked, and for any other spelling the token that would close the answer on it. So no answer
   STIE would count for a blocked one can be completed; a model that has already written one inside the
   box must continue it into another answer. The feedback turn still names the blocked set ("Do not give
-  these again"). The OpenAI-compatible backend cannot constrain (:meth:`~kunlunlab.agent.backends.
+  these again"). The OpenAI-compatible backend cannot constrain (:meth:`~kunlunlab.agent.openai_backend.
   OpenAISession.block_answers`): there the block stays the feedback note, the engine logs it as
   unenforced and marks a round that repeats a blocked answer (issue ``blocked_answer``). Measured on the
   paper's example shape through the real session (tests/agent/test_stie_block.py: two rows looping on Russia,

@@ -35,9 +35,10 @@ def bench_answer_block(cfg: AnswerBlockBenchConfig) -> dict:
 def _bench_answer_block(cfg: AnswerBlockBenchConfig) -> dict:
     import torch
 
-    from kunlunlab.agent.backends import TransformersBackend, chat_prompt_ids
+    from kunlunlab.agent.backends import chat_prompt_ids
     from kunlunlab.agent.protocol import build_messages
     from kunlunlab.agent.stie import RoundInput, STIEController
+    from kunlunlab.agent.transformers_backend import TransformersBackend
     from kunlunlab.data.questions import make_questions
     from kunlunlab.data.world import World
 

@@ -24,10 +24,11 @@ class RolloutBenchConfig:
 def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     import torch
 
-    from kunlunlab.agent.backends import TransformersBackend, chat_prompt_ids
+    from kunlunlab.agent.backends import chat_prompt_ids
     from kunlunlab.agent.protocol import build_messages
     from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
     from kunlunlab.agent.stie import RoundInput, replay, STIEConfig
+    from kunlunlab.agent.transformers_backend import TransformersBackend
     from kunlunlab.data.questions import make_questions
     from kunlunlab.data.world import World
     from kunlunlab.retrieval.retriever import IndexConfig, build_retriever

@@ -117,12 +117,12 @@ def _bridge_comparison(world: World, rng: random.Random) -> QAExample | None:
         if da.born == db.born:
             return None
         win = fa if da.born < db.born else fb
-        question, attr, verb = f"Which film has the director born earlier, {fa.page_title} or {fb.page_title}?", "born", "born"
+        question, attr = f"Which film has the director born earlier, {fa.page_title} or {fb.page_title}?", "born"
     else:
         if da.died == db.died:
             return None
         win = fa if da.died < db.died else fb
-        question, attr, verb = f"Which film has the director who died first, {fa.page_title} or {fb.page_title}?", "died", "die"
+        question, attr = f"Which film has the director who died first, {fa.page_title} or {fb.page_title}?", "died"
     when = "When was {} born?" if attr == "born" else "When did {} die?"
     return _example(world, "bridge_comparison", question, [win.page_title, win.title], [
         Hop(f"Who directed {fa.page_title}?", da.name, world.passage("film", a)),

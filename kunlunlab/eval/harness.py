@@ -23,7 +23,7 @@ judge: every record's ``lj`` and the summary's ``lj`` are ``None`` and the summa
       vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002
       kunlunlab eval --dataset bamboogle --judge-url http://localhost:8002 --judge Qwen/Qwen2.5-7B-Instruct
 * a local model: ``judge`` = hub id (already in the Hugging Face cache) or checkpoint path, loaded
-  with :class:`~kunlunlab.agent.backends.TransformersBackend`.
+  with :class:`~kunlunlab.agent.transformers_backend.TransformersBackend`.
 * ``judge="same"``: explicit opt-in to let the answering model grade itself. The summary marks it
   ``"self_judged": true``; such numbers are not comparable with an external judge's. Naming the
   answering model itself as the judge is marked the same way.
@@ -61,14 +61,15 @@ from typing import Collection
 
 from tqdm.auto import tqdm
 
-from kunlunlab.agent.backends import OpenAIBackend, TransformersBackend
 from kunlunlab.agent.methods import MethodConfig, METHODS, make_method
 from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
+from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import final_answer_block
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.configs import build_dataclass, leaf_paths
 from kunlunlab.data import World, make_questions
 from kunlunlab.data.questions import summary_questions

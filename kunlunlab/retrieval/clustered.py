@@ -1,11 +1,16 @@
-"""The clustering retriever of KunLunBaizeRAG (§3.1.1 of arXiv 2506.19466).
+"""The clustering retriever of KunLunBaizeRAG (§3.1.1 of arXiv 2506.19466): the index, its build, search and storage.
+
+This docstring describes the whole retriever. The module holds the FAISS index and everything that touches it
+(build, the candidate scan, re-ranking, persistence); two neighbours hold what is chosen apart from the index:
+:mod:`kunlunlab.retrieval.cluster_sizing` (the number of clusters, the centroids, the candidate budget) and
+:mod:`kunlunlab.retrieval.cluster_sampling` (steps 2, 3 and 5 of search, inherited by ``ClusterRetriever``).
 
 Build:
   1. k-means++ seeding (scikit-learn) then spherical k-means (FAISS) gives ``nlist`` centroids.
      ``nlist_method="sqrt"`` (the default) takes about 2·sqrt(N); ``"elbow"`` and ``"silhouette"``
      choose it the paper's way, by k-means on a sample over a grid of candidates (see
-     ``select_nlist``). Departure: the paper picks the count by elbow/silhouette; the default here is
-     2·sqrt(N) because for an index the count sets the cost of a probe and of the centroid scan
+     ``cluster_sizing.select_nlist``). Departure: the paper picks the count by elbow/silhouette; the
+     default here is 2·sqrt(N) because for an index the count sets the cost of a probe and of the centroid scan
      (about sqrt(N) members per cluster balances the two), which elbow and silhouette do not weigh;
   2. an IVF-PQ index over those centroids holds compact codes for fast candidate scans (FAISS's
      SIMD fast-scan layout by default: ``pq_m`` bytes per vector as 2·pq_m 4-bit codes);
@@ -38,22 +43,21 @@ Search, for every query in a batch at once:
      normaliser adds that little), nor more than ``F²·(1 + n·min_share)`` when every rival sits at
      the opposite bound (see ``weight_bounds``).
 
-The rounding of quotas, the random source of the draws (``draws``), ``γ = 1`` and the bound on the
-weights are this module's choices, each explained where it is made.
+The default cluster count (above), the rounding of quotas, the random source of the draws (``draws``),
+``γ = 1`` and the bound on the weights are this workbench's choices, each explained where it is made
+(the last four in :mod:`kunlunlab.retrieval.cluster_sampling`).
 
 If fewer than ``k`` candidates survive (all probed clusters tiny or empty), the query falls back to
 a plain IVF scan over its nearest non-empty clusters, so a result list is never short.
 
-``candidate_budget=0`` derives ``B`` from the index's size (``auto_candidate_budget``: measured rule and
-recall there). ``selection="nearest"`` is the ablation of steps 2–3: no sampling, no weights, no quotas;
+``candidate_budget=0`` derives ``B`` from the index's size (``cluster_sizing.auto_candidate_budget``: measured
+rule and recall there). ``selection="nearest"`` is the ablation of steps 2–3: no sampling, no weights, no quotas;
 the nearest clusters by centroid score (``nearest_nprobe`` of them, or until their members fill ``B``)
 are scanned and their best ``B`` candidates by PQ score re-ranked (``search_nearest``).
 """
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -62,8 +66,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # Weyl-sequence step for draws(): evenly spread fractions
-
+from kunlunlab.retrieval.cluster_sampling import DynamicClusterSampling
+from kunlunlab.retrieval.cluster_sizing import auto_candidate_budget, default_nlist, select_nlist, train_centroids
 
 NLIST_METHODS = ("sqrt", "elbow", "silhouette")
 SELECTIONS = ("dynamic", "nearest")
@@ -98,127 +102,9 @@ class ClusterConfig:
     seed: int = 0
 
 
-def default_nlist(n: int) -> int:
-    return int(2 ** max(3, round(math.log2(2 * math.sqrt(max(n, 1))))))
+class ClusterRetriever(DynamicClusterSampling):
+    """The §3.1.1 clustering retriever: an IVF-PQ index searched by dynamic cluster sampling (module docstring)."""
 
-
-AUTO_BUDGET_FLOOR = 12  # B ≥ 12·k: the candidates real embeddings want at any size (see auto_candidate_budget)
-AUTO_BUDGET_SCALE = 48.0  # m₀: members per cluster at which the size term reaches k
-AUTO_BUDGET_POWER = 1.5
-
-
-def auto_candidate_budget(n: int, nlist: int, k: int = 10) -> int:
-    """The global candidate budget for ``candidate_budget=0``, from ``m = N/nlist`` (mean members per
-    cluster): ``B = max(12·k, ⌈k·(m/48)^1.5⌉)``. At the default ``nlist`` ≈ 2·sqrt(N) this grows about as
-    N^0.75: 120 at 100k (nlist 512), 325 at 1M (2048), 1283 at 5M (4096), for k = 10.
-
-    Why this shape (measured on the 2-core development machine, 2026-11-23, ``gaussian_vectors`` with 2048
-    modes, 300 queries after 3000 warm-up ones, recall@10 against exact search, dynamic selection):
-
-    * On the Gaussian mixture recall is limited by the re-ranked budget, not by the clusters reached: the
-      true top-10 sit in one or two clusters, and with 48-byte (non-residual, 4-bit fast-scan) codes their
-      PQ ranks among the many near-equidistant members of their mode grow with the density. The budget for
-      recall@10 ≥ 0.95 grows faster than ``m``: about 40 at 100k (m = 195; B 32 → 0.917, 48 → 0.987),
-      256 at 1M (m = 488; 256 → 0.956, 320 → 0.982), 1024 at 5M (m = 1221; 1024 → 0.950, 1280 → 0.972),
-      i.e. a share of a cluster rising from 0.2 to 0.84: no fixed share of ``m`` fits, ``m^1.5`` does
-      (``k·(m/48)^1.5`` puts B at 1.3x the measured need at 1M and 5M).
-    * On real embeddings (the synthetic world's MiniLM vectors) recall is limited by the clusters reached
-      instead, and the budget that reaches them hardly grows with N: 112 gave 0.964 at 100k (README,
-      2026-11-22), and at 10k (m = 39) B = 128 gives 0.948, 192 gives 0.959. The floor 12·k covers that.
-
-    Measured with this rule (dynamic selection): 100k B = 120 → recall@10 0.9997; 1M B = 325 → see the
-    Pareto sweep of ``python -m kunlunlab.bench retrieval``; 5M B = 1283 → 0.972 (the 1280 point above).
-    Limits: at the default nlist, ``m`` does not grow between 5M and 10M (both round to nlist = 4096·2^j
-    with the same m), so past 5M pass an explicit budget or nlist; and a nlist far below 2·sqrt(N) (elbow,
-    silhouette) makes ``m`` and so B large, which costs time but not recall."""
-    m = n / max(nlist, 1)
-    return max(AUTO_BUDGET_FLOOR * k, int(math.ceil(k * (m / AUTO_BUDGET_SCALE) ** AUTO_BUDGET_POWER)))
-
-
-def train_centroids(sample: np.ndarray, nlist: int, iters: int, seed: int) -> tuple[np.ndarray, faiss.Kmeans]:
-    """k-means++ seeding (scikit-learn, on at most 8·nlist rows: seeding is O(rows·nlist)) refined by
-    spherical k-means (FAISS). Returns the centroids and the trained k-means (its index assigns)."""
-    from sklearn.cluster import kmeans_plusplus
-
-    rng = np.random.default_rng(seed)
-    seed_rows = sample[rng.choice(len(sample), size=min(len(sample), 8 * nlist), replace=False)]
-    init, _ = kmeans_plusplus(seed_rows, n_clusters=nlist, random_state=seed)
-    kmeans = faiss.Kmeans(sample.shape[1], nlist, niter=iters, spherical=True, seed=seed, verbose=False,
-                          min_points_per_centroid=1)
-    kmeans.train(sample, init_centroids=np.ascontiguousarray(init, dtype=np.float32))
-    return kmeans.centroids, kmeans
-
-
-def nlist_grid(n: int) -> list[int]:
-    """Coarse candidates for elbow/silhouette: a geometric grid (ratio sqrt 2) from 2·sqrt(N)/16 to
-    2·sqrt(N)·2, at least 2 and at most N/8 (the build's cap). The range is wide because a corpus
-    with real topical structure can have far fewer clusters than sqrt(N)."""
-    centre = 2 * math.sqrt(max(n, 1))
-    grid = {int(round(centre * 2 ** (k / 2))) for k in range(-8, 3)}
-    return sorted(c for c in grid if 2 <= c <= max(2, n // 8))
-
-
-def _knee(ks: np.ndarray, inertia: np.ndarray) -> int:
-    """Elbow: the candidate farthest below the chord from the first to the last point, both axes
-    scaled to [0, 1] with k on a log axis (the "Kneedle" rule; log k because the grid is geometric)."""
-    x = np.log(ks)
-    x = (x - x[0]) / max(x[-1] - x[0], 1e-12)
-    y = (inertia - inertia[-1]) / max(inertia[0] - inertia[-1], 1e-12)
-    below_chord = (1.0 - x) - y  # the chord runs from (0, 1) to (1, 0)
-    return int(ks[int(np.argmax(below_chord))])
-
-
-def select_nlist(sample: np.ndarray, method: str, iters: int = 20, seed: int = 0,
-                 n_total: int | None = None) -> tuple[int, dict[int, float]]:
-    """Number of clusters by the elbow of k-means inertia or by the best silhouette coefficient, the
-    way §3.1.1 of arXiv 2506.19466 chooses it. Candidates: ``nlist_grid(n_total)``, then up to 9
-    values evenly spread between the coarse winner's neighbours (so the answer is not limited to the
-    coarse grid).
-    k-means runs on ``sample`` (the same k-means++ + spherical k-means as the build); the silhouette
-    is scored on at most 4000 of its rows (it costs O(rows²)). Returns the choice and each
-    candidate's criterion (inertia per vector, or silhouette)."""
-    from sklearn.metrics import silhouette_score
-
-    if method not in ("elbow", "silhouette"):
-        raise ValueError(f"select_nlist: method must be 'elbow' or 'silhouette', got {method!r}")
-    sample = np.ascontiguousarray(sample, dtype=np.float32)
-    n = len(sample)
-    rng = np.random.default_rng(seed)
-    scored_rows = rng.choice(n, size=min(n, 4000), replace=False)
-    scores: dict[int, float] = {}
-
-    def evaluate(k: int) -> None:
-        if k in scores or not 2 <= k < n:
-            return
-        centroids, kmeans = train_centroids(sample, k, iters, seed)
-        _, assign = kmeans.index.search(sample, 1)
-        labels = assign.ravel()
-        if method == "elbow":
-            scores[k] = float(((sample - centroids[labels]) ** 2).sum(axis=1).mean())
-        elif len(np.unique(labels[scored_rows])) < 2:
-            scores[k] = -1.0  # silhouette is undefined for one cluster: the worst value
-        else:
-            scores[k] = float(silhouette_score(sample[scored_rows], labels[scored_rows]))
-
-    def choose() -> int:
-        ks = np.array(sorted(scores))
-        values = np.array([scores[k] for k in ks])
-        return _knee(ks, values) if method == "elbow" else int(ks[int(np.argmax(values))])
-
-    coarse = [k for k in nlist_grid(n_total or n) if k < n]
-    if not coarse:
-        raise ValueError(f"select_nlist: {n} sample vectors are too few to compare cluster counts")
-    for k in coarse:
-        evaluate(k)
-    best = choose()
-    i = coarse.index(best) if best in coarse else 0
-    lo, hi = coarse[max(0, i - 1)], coarse[min(len(coarse) - 1, i + 1)]
-    for k in np.unique(np.linspace(lo, hi, 9).round().astype(int)):
-        evaluate(int(k))
-    return choose(), scores
-
-
-class ClusterRetriever:
     kind = "cluster"
 
     def __init__(self, dim: int, config: ClusterConfig | None = None):
@@ -374,40 +260,6 @@ class ClusterRetriever:
         return ids
 
     # ------------------------------------------------------------------ search
-    def temperature(self) -> float:
-        c = self.config
-        return c.temperature_end + (c.temperature_start - c.temperature_end) * math.exp(-self.step / c.anneal_queries)
-
-    def cluster_probabilities(self, scores: np.ndarray, clusters: np.ndarray) -> np.ndarray:
-        """Dynamic cluster sampling distribution over each query's considered clusters:
-        ``p_c ∝ max(softmax(s_c/T_t + γ·log w_c), min_share)``, zero for empty or missing clusters."""
-        c = self.config
-        logits = scores * (1.0 / self.temperature())
-        masked = self._has_empty or clusters.min() < 0
-        if masked:
-            usable = clusters >= 0
-            usable[usable] = self.cluster_sizes[clusters[usable]] > 0  # empty clusters get no share
-            clusters = np.maximum(clusters, 0)
-        logits += self._weight_logits[clusters]
-        if masked:
-            logits[~usable] = -np.inf
-            top = logits.max(axis=1, keepdims=True)
-            top[~np.isfinite(top)] = 0.0  # a query whose considered clusters are all empty: all-zero row
-            logits -= top
-        else:
-            logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits, out=logits)
-        # Cold-start floor on the softmax p/S without normalising twice: max(p/S, m) = max(p, m·S)/S.
-        floor = p.sum(axis=1, keepdims=True)
-        floor *= c.min_share
-        np.maximum(p, floor, out=p)
-        if masked:
-            p *= usable
-            total = p.sum(axis=1, keepdims=True)
-            return np.divide(p, total, out=np.zeros_like(p), where=total > 0)
-        p /= p.sum(axis=1, keepdims=True)  # ≥ 1: the top logit is 0
-        return p
-
     def search(self, queries: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Batch search: (scores, row ids), each (nq, k), best first."""
         q = np.ascontiguousarray(queries, dtype=np.float32)
@@ -474,121 +326,12 @@ class ClusterRetriever:
             scores[short], rows[short] = self._fallback(q[short], k)
         return scores, rows
 
-    def draws(self, q: np.ndarray) -> np.ndarray:
-        """One uniform in [0, 1) per query for the stochastic rounding in ``allocate``.
-
-        A hash rather than a random generator, so that a batch gives the same results as its queries
-        one at a time: ``frac(q·r + t·φ)`` with a fixed random direction ``r`` (scaled so the
-        fractional part of ``q·r`` is uniform over queries) and a Weyl step ``t·φ`` (φ the golden
-        ratio) on the query's position ``t`` on the serving clock. While adapting, a repeated query
-        therefore gets a fresh, evenly spread draw each time; with ``adapt=False`` the clock stands
-        still and search is a pure function of the query (reproducible evaluation)."""
-        if len(q) == 1:  # plain floats: a few microseconds less on the single-query hot path
-            return np.array([math.fmod(float(self._draw_direction @ q[0]) % 1.0 + math.fmod(self.step * _GOLDEN, 1.0),
-                                       1.0)])
-        if self.config.adapt:
-            phase = np.mod((self.step + np.arange(len(q), dtype=np.float64)) * _GOLDEN, 1.0)
-        else:
-            phase = math.fmod(self.step * _GOLDEN, 1.0)  # float64: exact enough for any clock
-        return np.mod(q @ self._draw_direction + phase, 1.0)
-
-    @staticmethod
-    def allocate(quota: np.ndarray, u: np.ndarray | None, explore_slots: int) -> tuple[np.ndarray, np.ndarray]:
-        """Which considered clusters to scan, and each scanned cluster's priority cap, from the quotas
-        ``q_c = p_c·B``; ``u``: one uniform in [0, 1) per query (``draws``).
-
-        ``q_c ≥ 1``: scanned, cap ``⌈q_c⌉`` (the cap is a priority in ``_apply_quotas``; the budget
-        ``B`` of re-ranked candidates stays a hard limit). ``q_c < 1`` (stochastic rounding): scanned
-        for ``m = explore_slots`` slots with probability ``q_c/m``, else not at all, so the expected
-        slots equal the quota (the expected budget is unchanged) and a floored cluster is scanned with
-        probability about ``B·min_share/m`` per query that considers it. Deterministic rounding
-        (``explore_slots=0``: scan only when ``q_c ≥ 1``, the behaviour before) never scans a floored
-        cluster, whose quota is ``B·min_share ≈ 0.05`` at the defaults: its documents could never
-        become hits, its EMA weight could never rise, and the floor would be inert.
-
-        The draw is systematic: with ``U_c`` the running sum of ``q_c/m`` over the sub-unit clusters,
-        cluster ``c`` is drawn when an integer lies in ``(U_{c−1} + u, U_c + u]``, i.e. when
-        ``frac(U_c + u) < q_c/m`` (computed scaled by ``m``). The number drawn per query is then
-        ``Σ_{q_c<1} q_c/m`` rounded down or up, where independent coins would add variance.
-
-        Why ``m`` (a departure from plain stochastic rounding, ``m = 1``): on the 100k Gaussian
-        benchmark the quotas below one slot add up to about 13 per query, so ``m = 1`` scans about 13
-        clusters per query beyond the ~18 of deterministic rounding (+15–35% latency, measured), while
-        ``m = 16`` keeps the same expectation with about 0.8 extra scans per query, each with up to 16
-        priority slots (measured against deterministic rounding: a few percent latency, recall@10
-        unchanged). A floored cluster is then scanned with probability about 0.0034 per query that
-        considers it."""
-        probe = quota >= 1.0
-        cap = np.ceil(quota)
-        if not explore_slots:
-            return probe, cap
-        sub = np.where(probe, 0.0, quota)
-        reached = np.add.accumulate(sub, axis=1, dtype=np.float64)  # U_c
-        if len(quota) == 1:  # one query, the hot path: walk the (one or two) crossings in plain Python
-            running = reached[0].tolist()
-            crossing = explore_slots * (1.0 - float(u[0]))  # the first multiple of m, less the offset u·m
-            while crossing <= running[-1]:
-                cluster = bisect.bisect_left(running, crossing)  # U_{c−1} < crossing ≤ U_c
-                probe[0, cluster] = True
-                cap[0, cluster] = explore_slots
-                crossing += explore_slots
-            return probe, cap
-        reached += (u * explore_slots)[:, None]
-        drawn = np.fmod(reached, explore_slots, out=reached) < sub
-        np.putmask(cap, drawn, explore_slots)
-        return probe | drawn, cap
-
     def _set_nprobe(self, nprobe: int) -> None:
         """search_preassigned reads nprobe from the index (it takes no per-call parameters); the value is
         cached here because reading it back through SWIG costs microseconds on every query."""
         if nprobe != self._nprobe:
             self.ivf.nprobe = nprobe
             self._nprobe = nprobe
-
-    def _slots(self, cand: np.ndarray, clusters: np.ndarray) -> np.ndarray:
-        """For each candidate, the position of its cluster in the query's considered list (-1: none)."""
-        nq, n_considered = clusters.shape
-        cand_cluster = self._doc_cluster_ext[cand]  # -1 maps to the "no candidate" column
-        if nq == 1:  # the common single-query case reuses one table instead of allocating nq × nlist
-            table = self._slot_table
-            table[clusters[0]] = self._considered_positions[:n_considered]
-            slot = table[cand_cluster]
-            table[clusters[0]] = -1
-            table[self.nlist] = -1
-            return slot
-        rows_idx = np.arange(nq)[:, None]
-        table = np.full((nq, self.nlist + 1), -1, dtype=np.int32)  # last column: "no candidate"
-        table[rows_idx, np.where(clusters >= 0, clusters, self.nlist)] = np.arange(n_considered)
-        return table[rows_idx, cand_cluster]
-
-    def _apply_quotas(self, cand: np.ndarray, clusters: np.ndarray, cap: np.ndarray,
-                      budget: int) -> tuple[np.ndarray, np.ndarray]:
-        """Resource-aware allocation of the budget: candidates inside their cluster's cap (``⌈q_c⌉``,
-        or ``explore_slots`` for a cluster drawn by ``allocate``) come first, then the budget is filled
-        with the best remaining ones (PQ order), so quota a small cluster cannot use flows to the
-        others instead of being wasted."""
-        nq, fetched = cand.shape
-        n_considered = clusters.shape[1]
-        slot = self._slots(cand, clusters)
-        valid = slot >= 0
-        rows_idx = np.arange(nq)[:, None]
-        # Rank of each candidate inside its cluster: one stable sort of (query, slot) keys keeps PQ order
-        # within a group, and searchsorted finds where each group starts.
-        keys = slot.ravel() if nq == 1 else (slot + rows_idx * (n_considered + 1)).ravel()  # -1 sorts first
-        order = np.argsort(keys, kind="stable")
-        sorted_keys = keys[order]
-        rank = np.empty(keys.size, dtype=np.int64)
-        rank[order] = np.arange(keys.size) - np.searchsorted(sorted_keys, sorted_keys, side="left")
-        rank = rank.reshape(nq, fetched)
-        in_quota = valid & (rank < cap[rows_idx, np.maximum(slot, 0)])
-        if in_quota[:, :budget].all():  # the best `budget` by PQ order already respect every quota
-            return np.where(valid[:, :budget], cand[:, :budget], -1), slot[:, :budget]
-        # Order: in-quota, then other valid, then missing candidates, each group in PQ order (a stable
-        # radix sort of the group code).
-        group = 2 - valid.view(np.uint8) - in_quota.view(np.uint8)
-        keep = np.argsort(group, axis=1, kind="stable")[:, :budget]
-        kept_slot = slot[rows_idx, keep]
-        return np.where(kept_slot >= 0, cand[rows_idx, keep], -1), kept_slot
 
     def reconstruct(self, rows: np.ndarray) -> np.ndarray:
         """Candidate vectors: read from the vector store, or rebuilt as centroid + decoded residual."""
@@ -637,43 +380,6 @@ class ClusterRetriever:
         self._set_nprobe(nprobe)
         _, cand = self.ivf.search_preassigned(q, self.budget(k), clusters, centroid_scores)
         return self._rerank(q, cand, self._slots(cand, clusters), centroid_scores, k)
-
-    def _record_hits(self, rows: np.ndarray) -> None:
-        self._pending_hits.append(rows)
-        self._pending_queries += len(rows)
-        if self._pending_queries >= 64:
-            self._update_weights()
-
-    def weight_bounds(self) -> tuple[float, float]:
-        """``w ∈ [1/ρ, ρ]`` with ``ρ = F^(1/γ)``, so the weight term ``w^γ`` lies in ``[1/F, F]``.
-
-        §3.1.1 of arXiv 2506.19466 has the EMA weights move a cluster's share by 3–5x; γ = 0.25 with
-        w ∈ [1/2, 2] allowed at most 1.19x. The bound is therefore set on the factor itself,
-        ``F = weight_factor`` = 4 by default, and γ = 1 (``w`` is already a hit-rate ratio), so a
-        cluster hit 4x as often as its size predicts reaches it. Against neutral rivals a share then
-        rises by at most ``F·(1 + n·min_share)``: the softmax weight grows by at most F and the
-        floor's normaliser, between 1 and ``1 + n·min_share``, can shrink by no more than that."""
-        c = self.config
-        rho = c.weight_factor ** (1.0 / c.weight_strength) if c.weight_strength > 0 else 1.0
-        return 1.0 / rho, rho
-
-    def _update_weights(self) -> None:
-        """EMA of each cluster's hit share relative to its size share (1 = as expected), applied once
-        per ~64 queries with the decay those queries would have applied one by one."""
-        rows = np.concatenate([r.ravel() for r in self._pending_hits]) if self._pending_hits else np.zeros(0, np.int64)
-        n_queries, self._pending_hits, self._pending_queries = self._pending_queries, [], 0
-        hits = self.doc_cluster[rows[rows >= 0]]
-        if hits.size == 0:
-            return
-        observed = np.bincount(hits, minlength=self.nlist) / hits.size
-        expected = self.cluster_sizes / max(1, self.ntotal)
-        lo, hi = self.weight_bounds()
-        ratio = np.where(expected > 0, observed / np.maximum(expected, 1e-12), 1.0)
-        # Clusters that produced hits move toward their ratio; the rest relax toward neutral 1.
-        target = np.where(observed > 0, np.clip(ratio, lo, hi), 1.0)
-        d = self.config.ema_decay ** n_queries
-        self.weights = np.clip(d * self.weights + (1 - d) * target, lo, hi).astype(np.float32)
-        self._weight_logits = (self.config.weight_strength * np.log(self.weights)).astype(np.float32)  # γ log w
 
     def refresh_tables(self) -> None:
         """Recomputes the lookup tables derived from the index state (after build, load or edits)."""

@@ -176,31 +176,11 @@ def compare_indexes(vectors: np.ndarray, queries: np.ndarray, kinds: Sequence[st
         raise ValueError(f"unknown index kinds {sorted(unknown)}; compare_indexes measures {', '.join(COMPARED_KINDS)} "
                          "besides exact Flat and the cluster retriever")
     queries = np.ascontiguousarray(queries, dtype=np.float32)
-    dim = int(vectors.shape[1])
     config = replace(cluster_config) if cluster_config is not None else ClusterConfig()
     build_threads = faiss.omp_get_max_threads()
-    indexes: dict[str, object] = {}
-    seconds: dict[str, float] = {}
-
-    def build(kind: str, make: Callable[[], object]) -> None:
-        start = time.perf_counter()
-        indexes[kind] = make()
-        seconds[kind] = time.perf_counter() - start
-
-    def filled(index):
-        index.add(vectors)
-        return index
-
     try:
-        build("flat", lambda: filled(FlatIndex(dim)))
-        build("cluster", lambda: ClusterRetriever(dim, config).build(vectors))
+        indexes, seconds = _build_compared(vectors, kinds, config)
         nlist = indexes["cluster"].nlist
-        if "ivfpq" in kinds:
-            build("ivfpq", lambda: filled(IVFPQIndex(dim, IVFPQConfig(nlist=nlist, m=config.pq_m))))
-        if "cluster_pq" in kinds:
-            build("cluster_pq", lambda: ClusterRetriever(dim, replace(config, rerank="pq")).build(vectors))
-        if "hnsw" in kinds:
-            build("hnsw", lambda: filled(HNSWIndex(dim)))
         _, truth = indexes["flat"].search(queries, k)
 
         def measure(kind: str, knob: str | None, values: Sequence, search_with: Callable) -> list[IndexRow]:
@@ -216,30 +196,68 @@ def compare_indexes(vectors: np.ndarray, queries: np.ndarray, kinds: Sequence[st
             rows += measure("ivfpq", "nprobe", nprobes, lambda v: (lambda q, kk: ivfpq.search(q, kk, nprobe=v)))
         if "hnsw" in kinds:
             rows += measure("hnsw", None, [None], lambda _: indexes["hnsw"].search)
-
-        served = queries if warmup is None else np.ascontiguousarray(warmup, dtype=np.float32)
-        for kind in ("cluster", "cluster_pq"):
-            if kind in indexes:
-                for start in range(0, len(served), warmup_batch):  # batches: the batch search path is served too
-                    indexes[kind].search(served[start:start + warmup_batch], k)
-
+        _warm_up_clusters(indexes, queries if warmup is None else np.ascontiguousarray(warmup, dtype=np.float32),
+                          k, warmup_batch)
         cluster = indexes["cluster"]
-        default_budget = cluster.config.candidate_budget  # 0 (auto) is measured at the budget it resolves to
-
-        def with_budget(budget):
-            cluster.config.candidate_budget = int(budget)
-            return cluster.search
-
-        try:
-            rows += measure("cluster", "budget", list(budget_grid) or [cluster.budget(k)], with_budget)
-        finally:
-            cluster.config.candidate_budget = default_budget
+        rows += _budget_sweep(cluster, list(budget_grid) or [cluster.budget(k)], measure)
         if "cluster_pq" in kinds:
             rows += measure("cluster_pq", None, [None], lambda _: indexes["cluster_pq"].search)
     finally:
         faiss.omp_set_num_threads(build_threads)
     return IndexComparison(rows, truth, indexes, seconds, k)
 
+
+def _build_compared(vectors: np.ndarray, kinds: Sequence[str], config: ClusterConfig
+                    ) -> tuple[dict[str, object], dict[str, float]]:
+    """Exact Flat, the cluster retriever and the ``kinds`` asked for over ``vectors`` (IVF-PQ with the cluster
+    retriever's ``nlist``), with each build's seconds."""
+    dim = int(vectors.shape[1])
+    indexes: dict[str, object] = {}
+    seconds: dict[str, float] = {}
+
+    def build(kind: str, make: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        indexes[kind] = make()
+        seconds[kind] = time.perf_counter() - start
+
+    def filled(index):
+        index.add(vectors)
+        return index
+
+    build("flat", lambda: filled(FlatIndex(dim)))
+    build("cluster", lambda: ClusterRetriever(dim, config).build(vectors))
+    nlist = indexes["cluster"].nlist
+    if "ivfpq" in kinds:
+        build("ivfpq", lambda: filled(IVFPQIndex(dim, IVFPQConfig(nlist=nlist, m=config.pq_m))))
+    if "cluster_pq" in kinds:
+        build("cluster_pq", lambda: ClusterRetriever(dim, replace(config, rerank="pq")).build(vectors))
+    if "hnsw" in kinds:
+        build("hnsw", lambda: filled(HNSWIndex(dim)))
+    return indexes, seconds
+
+
+def _warm_up_clusters(indexes: dict[str, object], served: np.ndarray, k: int, batch: int) -> None:
+    """Both cluster retrievers serve ``served`` in batches of ``batch`` (the batch search path is served too), so
+    the annealed temperature and the EMA weights are past their cold start when timed."""
+    for kind in ("cluster", "cluster_pq"):
+        if kind in indexes:
+            for start in range(0, len(served), batch):
+                indexes[kind].search(served[start:start + batch], k)
+
+
+def _budget_sweep(cluster: ClusterRetriever, budgets: list, measure: Callable[..., list[IndexRow]]
+                  ) -> list[IndexRow]:
+    """The cluster retriever measured at each candidate budget; its configured budget is restored after."""
+    default_budget = cluster.config.candidate_budget  # 0 (auto) is measured at the budget it resolves to
+
+    def with_budget(budget):
+        cluster.config.candidate_budget = int(budget)
+        return cluster.search
+
+    try:
+        return measure("cluster", "budget", budgets, with_budget)
+    finally:
+        cluster.config.candidate_budget = default_budget
 
 
 def cluster_allocation(cluster: ClusterRetriever, query: np.ndarray, k: int = 10) -> list[dict]:

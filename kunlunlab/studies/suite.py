@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kunlunlab.agent.backends import TransformersBackend
 from kunlunlab.agent.nlr import network_tier
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.loaders import load_benchmark, load_corpus
 from kunlunlab.data.splits import load_splits
 from kunlunlab.eval.compare import ablation_table, table2

@@ -1,5 +1,5 @@
 """What a training variant costs, read from its run folder: the numbers notebook 07 sets beside
-:func:`~kunlunlab.training.pipeline.compare_runs`'s accuracy table (which gives EM, F1 and searches, not cost).
+:func:`~kunlunlab.training.records.compare_runs`'s accuracy table (which gives EM, F1 and searches, not cost).
 
 Per variant (a training run folder):
 
@@ -31,7 +31,8 @@ from typing import Mapping
 
 from kunlunlab.eval.metrics import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
 from kunlunlab.training.config import MOVED_KEYS
-from kunlunlab.training.pipeline import HELDOUT_FILES, NO_PAIRS, TrainingRun, heldout_records
+from kunlunlab.training.pipeline import NO_PAIRS, TrainingRun
+from kunlunlab.training.records import HELDOUT_FILES, heldout_records
 
 
 # the keys that decide which held-out questions a run is evaluated on (kunlunlab.data.splits via TrainConfig.splits)

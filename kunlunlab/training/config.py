@@ -150,9 +150,9 @@ class DataSpec:
 class PRLStageConfig:
     """Optional stage between SFT and DAPO: ReasonRAG's process supervision (arXiv 2505.14069) — MCTS over
     the SFT model's steps on ``questions`` training questions, SPRE step values, step preference pairs,
-    DPO through TRL (``kunlunlab/training/process_rewards.py``, ``kunlunlab/training/dpo.py``). Off by
-    default: KunLunBaizeRAG's stage 2 is DAPO; turn DAPO off (``dapo.enabled=false``) to train with
-    ReasonRAG's recipe alone."""
+    DPO through TRL (``kunlunlab/training/process_rewards.py``, ``kunlunlab/training/preferences.py``,
+    ``kunlunlab/training/dpo.py``). Off by default: KunLunBaizeRAG's stage 2 is DAPO; turn DAPO off
+    (``dapo.enabled=false``) to train with ReasonRAG's recipe alone."""
 
     enabled: bool = False
     questions: int = 16

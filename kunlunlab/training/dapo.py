@@ -60,13 +60,15 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
-from kunlunlab.agent.backends import OpenAIBackend, SamplingConfig, TransformersBackend, chat_prompt_ids
+from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.grounding import quote_grounding
+from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.agent.stie import STIEController
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
@@ -346,7 +348,6 @@ def _merge_stats(parts: list[dict]) -> dict:
     process's rollouts, seconds of the slowest process."""
     if len(parts) == 1:
         return parts[0]
-    n = sum(p["rollouts"] for p in parts)
     merged = {}
     for key, value in parts[0].items():
         if key == "step":

@@ -1,7 +1,7 @@
 """Step-level DPO on ReasonRAG's preference pairs (arXiv 2505.14069, §3: MCTS + SPRE pairs, then DPO) through
 TRL's ``DPOTrainer`` (sigmoid loss; ``beta`` 0.3 by default as in ReasonRAG).
 
-The pairs come from :mod:`kunlunlab.training.process_rewards` already tokenised: the prompt is a node's prefix
+The pairs come from :mod:`kunlunlab.training.preferences` already tokenised: the prompt is a node's prefix
 ids (prompt, path so far, ``<result>`` blocks as the environment appended them) and chosen/rejected are the ids
 the policy sampled. They reach the loss UNCHANGED: the installed TRL (1.16) always re-tokenises text in
 ``DPOTrainer._prepare_dataset`` (and appends EOS to non-conversational completions, which would teach the model
@@ -58,7 +58,7 @@ def _row(pair) -> dict:
 
 def dpo_dataset(pairs: Iterable, max_length: int | None = None):
     """A ``datasets.Dataset`` of ``prompt_ids``/``chosen_ids``/``rejected_ids`` from
-    :class:`~kunlunlab.training.process_rewards.PreferencePair` objects or ``preferences.jsonl`` dicts; pairs
+    :class:`~kunlunlab.training.preferences.PreferencePair` objects or ``preferences.jsonl`` dicts; pairs
     whose prompt + longer step exceed ``max_length`` are dropped."""
     from datasets import Dataset
 

@@ -31,11 +31,10 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 
-from kunlunlab.agent.backends import TransformersBackend
 from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
-from kunlunlab.eval.compare import ablation_table
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE, EvalConfig, apply_agent_settings, evaluate
 from kunlunlab.eval.metrics import summarize
 from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
@@ -48,7 +47,8 @@ from kunlunlab.training.dapo import SearchRollout, gather_across, rl_dataset, ru
 from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, data_stats, mix, schedule
-from kunlunlab.training.process_rewards import collect_preferences, read_preferences
+from kunlunlab.training.preferences import collect_preferences, read_preferences
+from kunlunlab.training.records import build_summary, write_log
 from kunlunlab.training.rewards import format_compliant, parse_completion
 from kunlunlab.training.sft import freeze_for_sft, run_sft, sft_dataset
 
@@ -143,7 +143,7 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
         records = sorted((r for part, _ in parts for r in part), key=lambda r: order[r["id"]])
         shard_out.unlink()
         if rank == 0:
-            _write_log(out, records)
+            write_log(out, records)
         summary = {**summarize(records), "wall_seconds": max(seconds for _, seconds in parts)}
     return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
             "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
@@ -392,7 +392,7 @@ class TrainingRun:
         if self.main_process:  # likewise the rest: under accelerate all processes wrote the same files at once
             self.tok.save_pretrained(str(final))
             (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(self.cfg), indent=2))
-            _write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
+            write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
         self.timings[stage] = round(time.perf_counter() - t0, 1)
         self.steps[stage] = trainer.state.global_step
         self.state.set("seconds", self.timings)
@@ -586,105 +586,5 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _write_log(path: Path, history: list[dict]) -> None:
-    with path.open("w") as f:
-        for row in history:
-            f.write(json.dumps(row) + "\n")
-
-
-def build_summary(cfg: TrainConfig, before: dict, after: dict, timings: dict, steps: dict, trajectories,
-                  stats_rows: list[dict] | None) -> dict:
-    stats_rows = stats_rows or []
-
-    def pct(x):
-        return None if x is None else round(100 * x, 2)
-
-    wb, wa = before.get("world", {}), after["world"]  # no "before" when cfg.eval.before is False
-    summary = {
-        "em_before": pct(wb.get("em")), "em_after": pct(wa["em"]),
-        "f1_before": pct(wb.get("f1")), "f1_after": pct(wa["f1"]),
-        "format_compliance_before": pct(wb.get("format_compliance")),
-        "format_compliance_after": pct(wa["format_compliance"]),
-        "searches_before": wb.get("searches"), "searches_after": wa["searches"],
-        "long_share_before": pct(wb.get("long_share")), "long_share_after": pct(wa.get("long_share")),
-        "agent_searches_after": wa.get("agent_searches"),
-        "steps": sum(steps.values()), "steps_by_stage": steps,
-        "seconds": round(sum(timings.values()), 1), "seconds_by_stage": timings,
-        "eval_seconds": {"before": before.get("seconds"), "after": after.get("seconds")},
-        "heldout_questions": wa["n"], "units": "EM, F1 and format compliance in percent",
-        "model": cfg.model or "smollm2-135m-instruct", "eval_method": cfg.eval.method, "agent": cfg.agent.method,
-        "em_tagged_after": pct(wa.get("em_tagged")), "em_fallback_after": pct(wa.get("em_fallback")),
-        "n_tagged_after": wa.get("n_tagged"), "n_fallback_after": wa.get("n_fallback"),
-        "trajectories": len(trajectories or []),  # 0: SFT was off in this run (a variant of a trained model)
-        "trajectory_mix": {**{q: sum(1 for r in stats_rows if r["quality"] == q and not r["partial"]
-                                     and r["kind"] == "trajectory") for q in ("hq", "noisy")},
-                           "first_turn": sum(1 for r in stats_rows if r["partial"]),
-                           "plan": sum(1 for r in stats_rows if r["kind"] == "plan"),
-                           "with_stie_feedback": sum(1 for r in stats_rows if r["stie_rounds"])},
-        "trajectories_by_source": {src: sum(1 for r in stats_rows if r["source"] == src)
-                                   for src in dict.fromkeys(r["source"] for r in stats_rows)},
-    }
-    for dataset in ("hotpotqa_distractor", "rl_heldout"):
-        if dataset in after:
-            hb, ha = before.get(dataset, {}), after[dataset]
-            summary[dataset] = {
-                "n": ha["n"], "em_before": pct(hb.get("em")), "em_after": pct(ha["em"]), "f1_before": pct(hb.get("f1")),
-                "f1_after": pct(ha["f1"]), "format_compliance_before": pct(hb.get("format_compliance")),
-                "format_compliance_after": pct(ha["format_compliance"])}
-    if "world_summary" in after:  # the long-answer mode on summary-oriented questions
-        sb, sa = before.get("world_summary", {}), after["world_summary"]
-        summary["world_summary"] = {
-            "n": sa["n"], "em_before": pct(sb.get("em")), "em_after": pct(sa["em"]),
-            "fact_coverage_before": pct(sb.get("fact_coverage")), "fact_coverage_after": pct(sa["fact_coverage"]),
-            "long_share_before": pct(sb.get("long_share")), "long_share_after": pct(sa["long_share"]),
-            "format_compliance_before": pct(sb.get("format_compliance")),
-            "format_compliance_after": pct(sa["format_compliance"])}
-    return summary
-
-
-HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl",
-                 "rl_heldout": "eval_after_rl.jsonl", "world_summary": "eval_after_summary.jsonl"}
-
-
-def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:
-    """The per-question records of a finished run's evaluation after training (``world`` or
-    ``hotpotqa_distractor``): what :func:`compare_runs` pairs by question id."""
-    if dataset not in HELDOUT_FILES:
-        raise ValueError(f"unknown held-out set {dataset!r}; choose from {sorted(HELDOUT_FILES)}")
-    path = Path(run_dir) / HELDOUT_FILES[dataset]
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {run_dir} is not a finished training run folder")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def compare_runs(runs: dict[str, str | Path], reference: str, dataset: str = "world",
-                 n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list]]:
-    """The training-ablation table: one row per training run (label → run folder), EM / F1 / searches on the
-    same held-out questions, each run's EM difference to ``reference`` with its paired-bootstrap interval.
-    Runs of one config family share the held-out questions (same seeds); pairing is by question id, so a
-    run evaluated on other questions fails loudly instead of being compared."""
-    if reference not in runs:
-        raise ValueError(f"reference {reference!r} is not among the runs {sorted(runs)}")
-    records = {label: heldout_records(folder, dataset) for label, folder in runs.items()}
-    ref_ids = {r["id"] for r in records[reference]}
-    for label, recs in records.items():
-        if {r["id"] for r in recs} != ref_ids:
-            raise ValueError(f"{label}'s held-out {dataset} questions differ from {reference}'s: not comparable")
-    return ablation_table(records, reference, n_resamples=n_resamples, seed=seed)
-
-
-def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
-    """The logs notebook 04 plots: ``sft``, ``dapo`` (TRL log history) and ``rollouts`` (per rollout call)."""
-    run_dir = Path(run_dir)
-    out = {}
-    for key, name in (("sft", "sft_log.jsonl"), ("dapo", "dapo_log.jsonl"), ("rollouts", "dapo_rollouts.jsonl")):
-        path = run_dir / name
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-        if key == "rollouts":  # a resumed step is logged again: keep the last record of each step
-            rows = list({r["step"]: r for r in rows}.values())
-        out[key] = rows
-    return out
-
-
-__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "compare_runs", "heldout_records", "mix_training_data", "run_config", "TrainingRun", "agent_settings", "build_summary",
-           "evaluate_model", "trained_model", "training_logs", "train"]
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "mix_training_data", "run_config", "TrainingRun",
+           "agent_settings", "evaluate_model", "trained_model", "train"]

@@ -1,6 +1,7 @@
 """Process rewards after ReasonRAG (Zhang et al., "Process vs. Outcome Reward: Which is Better for Agentic RAG
-Reinforcement Learning", arXiv 2505.14069): Monte-Carlo tree search over reasoning steps, Shortest Path Reward
-Estimation (SPRE) of every step, and step-level preference pairs for DPO (:mod:`kunlunlab.training.dpo`).
+Reinforcement Learning", arXiv 2505.14069): Monte-Carlo tree search over reasoning steps and Shortest Path Reward
+Estimation (SPRE) of every step. The step-level preference pairs for DPO (:mod:`kunlunlab.training.dpo`) drawn
+from the searched trees are :mod:`kunlunlab.training.preferences`.
 
 **Steps.** A step is one model turn of this repository's search-think protocol (:mod:`kunlunlab.agent.protocol`):
 ``<think>…</think><search>…</search>`` or an answer. A tree per question; every :class:`StepNode` holds the token
@@ -22,7 +23,8 @@ its children's values. A non-terminal leaf gets a selection value from ``value_s
 
 * ``rollout`` — ReasonRAG's eq. 1 taken literally: ``rollouts_k`` sampled continuations to the end with the
   rollout engine, each scored ``F1 * alpha**(steps to its answer)``, averaged;
-* ``judge`` — an OpenAI-compatible chat endpoint rates the partial path 0-10 (:class:`PathJudge`);
+* ``judge`` — an OpenAI-compatible chat endpoint rates the partial path 0-10
+  (:class:`~kunlunlab.training.path_judge.PathJudge`);
 * ``gold`` (default, deterministic, no model call) — the share of the question's gold supporting passage ids
   retrieved so far on the path.
 
@@ -30,12 +32,6 @@ its children's values. A non-terminal leaf gets a selection value from ``value_s
 would earn if it answered at the very next step with that score standing in for F1. Undiscounted, a search
 that found every gold passage (1.0) would outrank a correct answer given now (``alpha**d``), the opposite of
 SPRE's shortest-path preference. (This discount is ours; ReasonRAG scores every node by rollouts.)
-
-**Preference pairs.** Under every expanded node, sibling steps whose values differ by at least ``min_gap``
-(0.01) and whose contents differ form a pair; pairs across actions (answer now vs search more) are kept. The
-prompt is the parent's prefix ids (question + path so far, results included as context); chosen and rejected
-are the two steps' sampled ids. :func:`write_preferences` writes ``preferences.jsonl`` and :func:`write_trees`
-``trees.jsonl`` (every tree as nested dicts).
 
 Departures from ReasonRAG, on purpose:
 
@@ -50,19 +46,17 @@ Departures from ReasonRAG, on purpose:
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import re
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from kunlunlab.agent.backends import Backend, SamplingConfig, chat_prompt_ids, text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE, SYSTEM_PROMPT, build_messages, parse_turn
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.eval.metrics import f1
+from kunlunlab.training.path_judge import PathJudge
 
 log = logging.getLogger(__name__)
 
@@ -218,77 +212,6 @@ def gold_coverage(doc_ids: Iterable[str], supporting_ids: Sequence[str]) -> floa
         return None
     seen = set(doc_ids)
     return sum(g in seen for g in gold) / len(gold)
-
-
-# -- the judge value source -----------------------------------------------------------------------------------------
-class JudgeUnavailableError(RuntimeError):
-    """The judge endpoint could not be reached or answered badly."""
-
-
-JUDGE_PATH_SYSTEM = ("You grade the partial work of a research assistant that answers a multi-hop question by "
-                     "thinking and searching. Reply with one integer from 0 to 10 and nothing else.")
-JUDGE_PATH_USER = ("Question: {question}\nGold answer(s): {golds}\n\nThe assistant's work so far (its searches "
-                   "and the results it got):\n{path}\n\nHow likely is it that continuing from here reaches the gold "
-                   "answer? Reply with one integer from 0 (hopeless) to 10 (certain).")
-
-
-class PathJudge:
-    """Scores partial paths through an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, SGLang, …).
-    ``transport`` replaces the network (``httpx.MockTransport`` in the tests). A reply without an integer scores
-    0 and is counted in ``stats["unparsed"]``."""
-
-    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0, retries: int = 1,
-                 max_path_chars: int = 6000, transport=None):
-        import httpx
-
-        if not url or not model:
-            raise ValueError("the judge value source needs mcts.judge_url and mcts.judge_model")
-        self.url = url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
-        self.model, self.retries, self.max_path_chars = model, retries, max_path_chars
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=timeout, headers=headers, transport=transport)
-        self.stats = {"judged": 0, "unparsed": 0}
-
-    def score(self, question: str, answers: Sequence[str], path: str) -> float:
-        import httpx
-
-        path = path.strip() or "(nothing yet)"
-        if len(path) > self.max_path_chars:
-            path = "…" + path[-self.max_path_chars:]
-        payload = {"model": self.model, "temperature": 0.0, "max_tokens": 8,
-                   "messages": [{"role": "system", "content": JUDGE_PATH_SYSTEM},
-                                {"role": "user", "content": JUDGE_PATH_USER.format(
-                                    question=question, golds=" | ".join(answers), path=path)}]}
-        last: Exception | None = None
-        for _ in range(self.retries + 1):
-            try:
-                response = self.http.post(self.url + "/chat/completions", json=payload)
-            except httpx.HTTPError as err:
-                last = err
-                continue
-            if response.status_code == 200:
-                try:
-                    content = response.json()["choices"][0]["message"]["content"] or ""
-                except (KeyError, IndexError, TypeError, ValueError) as err:
-                    raise JudgeUnavailableError(f"judge {self.url} answered without a chat completion: "
-                                                f"{response.text[:200]}") from err
-                self.stats["judged"] += 1
-                match = re.search(r"\d+(?:\.\d+)?", content)
-                if match is None:
-                    self.stats["unparsed"] += 1
-                    return 0.0
-                return min(10.0, max(0.0, float(match.group()))) / 10.0
-            last = RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-            if response.status_code < 500:
-                break
-        raise JudgeUnavailableError(
-            f"judge endpoint {self.url} unreachable or failing ({last}); start an OpenAI-compatible server for "
-            f"{self.model!r} (e.g. `vllm serve {self.model}`) or set mcts.value_source to 'gold' or 'rollout'")
-
-    def __call__(self, items: Sequence[tuple[str, Sequence[str], str]]) -> list[float]:
-        return [self.score(q, a, p) for q, a, p in items]
 
 
 # -- the tree search ------------------------------------------------------------------------------------------------
@@ -583,128 +506,5 @@ def build_trees(backend: Backend, search: SearchFn | None, examples: Sequence, r
     return trees, tree_search.stats
 
 
-# -- preference pairs -----------------------------------------------------------------------------------------------
-@dataclass
-class PreferencePair:
-    """One step-level preference: under the same prefix, the step with the higher SPRE value is chosen."""
-
-    tree_id: str
-    question: str
-    prompt_ids: list[int]
-    chosen_ids: list[int]
-    rejected_ids: list[int]
-    prompt_text: str
-    chosen_text: str
-    rejected_text: str
-    chosen_action: str
-    rejected_action: str
-    depth: int                    # depth of the two steps (their parent's depth + 1)
-    chosen_value: float
-    rejected_value: float
-    chosen_estimated: bool        # the value is a leaf's value-source estimate (no answer below it yet)
-    rejected_estimated: bool
-
-    @property
-    def cross_action(self) -> bool:
-        return self.chosen_action != self.rejected_action
-
-    @property
-    def gap(self) -> float:
-        return self.chosen_value - self.rejected_value
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "cross_action": self.cross_action, "gap": round(self.gap, 6)}
-
-
-def preference_pairs(trees: Iterable[SearchTree], min_gap: float = 0.01, cross_action: bool = True
-                     ) -> list[PreferencePair]:
-    """Sibling steps with a value gap ≥ ``min_gap`` and different contents, every such pair under every expanded
-    node; ``cross_action=False`` keeps only pairs of the same action."""
-    pairs = []
-    for tree in trees:
-        for parent in tree.nodes():
-            kids = [c for c in parent.children if c.visits > 0]
-            if len(kids) < 2:
-                continue
-            prompt_text = tree.prompt_text + parent.path_text()
-            for i, a in enumerate(kids):
-                for b in kids[i + 1:]:
-                    if a.step_ids == b.step_ids or a.text.strip() == b.text.strip():
-                        continue
-                    if abs(a.value - b.value) < min_gap - 1e-12:
-                        continue
-                    if not cross_action and a.action != b.action:
-                        continue
-                    hi, lo = (a, b) if a.value >= b.value else (b, a)
-                    pairs.append(PreferencePair(
-                        tree.id, tree.question, list(parent.prefix_ids), list(hi.step_ids), list(lo.step_ids),
-                        prompt_text, hi.text, lo.text, hi.action, lo.action, parent.depth + 1, hi.value, lo.value,
-                        hi.estimate is not None and not hi.children, lo.estimate is not None and not lo.children))
-    return pairs
-
-
-def _write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-            n += 1
-    return n
-
-
-def write_preferences(path: str | Path, pairs: Iterable[PreferencePair]) -> int:
-    return _write_jsonl(path, (p.to_dict() for p in pairs))
-
-
-def read_preferences(path: str | Path) -> list[dict]:
-    """``preferences.jsonl`` rows (dicts with ``prompt_ids``, ``chosen_ids``, ``rejected_ids`` …), as
-    :func:`kunlunlab.training.dpo.run_dpo` accepts them."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def write_trees(path: str | Path, trees: Iterable[SearchTree]) -> int:
-    return _write_jsonl(path, (t.to_dict() for t in trees))
-
-
-def tree_stats(trees: Sequence[SearchTree], pairs: Sequence[PreferencePair]) -> dict:
-    """Counts for logs and notebooks: nodes, answers, their mean F1, pairs by kind."""
-    nodes = [n for t in trees for n in t.nodes() if n.action != "root"]
-    answers = [n for n in nodes if n.action == "answer"]
-    return {"trees": len(trees), "steps": len(nodes), "answers": len(answers),
-            "answer_f1": sum(n.f1 or 0.0 for n in answers) / len(answers) if answers else None,
-            "dead_ends": sum(1 for n in nodes if n.terminal and n.action != "answer"),
-            "root_value": sum(t.root.value for t in trees) / len(trees) if trees else None,
-            "pairs": len(pairs), "cross_action_pairs": sum(p.cross_action for p in pairs),
-            "pairs_on_estimates": sum(p.chosen_estimated or p.rejected_estimated for p in pairs)}
-
-
-def collect_preferences(backend: Backend, search: SearchFn | None, examples: Sequence, out_dir: str | Path,
-                        rollout: RolloutConfig | None = None, config: MCTSConfig | None = None,
-                        progress: Callable[[str], None] | None = None, **build_kwargs) -> list[dict]:
-    """The data half of the ``prl`` stage: trees for ``examples``, then ``trees.jsonl``, ``preferences.jsonl`` and
-    ``mcts_stats.json`` in ``out_dir``; returns the pairs as ``preferences.jsonl`` rows (what
-    :func:`~kunlunlab.training.dpo.run_dpo` takes). Resumable: an existing ``preferences.jsonl`` (written last,
-    atomically) is read back instead of searching again. ``build_kwargs`` go to :func:`build_trees`."""
-    out_dir = Path(out_dir)
-    prefs = out_dir / "preferences.jsonl"
-    if prefs.is_file():
-        return read_preferences(prefs)
-    config = config or MCTSConfig()
-    trees, stats = build_trees(backend, search, examples, rollout, config, progress=progress, **build_kwargs)
-    pairs = preference_pairs(trees, config.min_gap)
-    write_trees(out_dir / "trees.jsonl", trees)
-    (out_dir / "mcts_stats.json").write_text(json.dumps({**tree_stats(trees, pairs), **asdict(stats)}, indent=2))
-    tmp = prefs.with_suffix(".tmp")
-    write_preferences(tmp, pairs)
-    tmp.replace(prefs)
-    if progress:
-        progress(f"MCTS: {len(pairs)} preference pairs from {len(trees)} trees")
-    return read_preferences(prefs)
-
-
-__all__ = ["ACTIONS", "VALUE_SOURCES", "JudgeUnavailableError", "MCTSConfig", "MCTSStats", "PathJudge",
-           "PreferencePair", "SearchTree", "StepNode", "StepTreeSearch", "build_trees", "collect_preferences",
-           "gold_coverage", "preference_pairs", "read_preferences", "refresh_values", "select_child", "spre_reward",
-           "tree_stats", "uct_score", "write_preferences", "write_trees"]
+__all__ = ["ACTIONS", "VALUE_SOURCES", "MCTSConfig", "MCTSStats", "SearchTree", "StepNode", "StepTreeSearch",
+           "build_trees", "gold_coverage", "refresh_values", "select_child", "spre_reward", "uct_score"]

@@ -29,7 +29,9 @@ import numpy as np
 
 from kunlunlab.agent.nlr import (ACTIONS, BOTH, FAILURE_FEATURE, LOCAL, MAX_FAILURES, NETWORK, NLRConfig,
                                  NetworkLocalRouter, RoutingPolicy, RoutingTable, network_tier, routing_reward)
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.data import World, make_questions
+from kunlunlab.retrieval import Encoder, IndexConfig, build_retriever, corpus_embeddings
+from kunlunlab.retrieval.service import RetrievalClient, RetrievalServiceError
 
 log = logging.getLogger(__name__)
 
@@ -121,22 +123,9 @@ def _subset(table: RoutingTable, idx: np.ndarray) -> RoutingTable:
                         table.network_ok[idx])
 
 
-def train_router(config: RouterTrainConfig | None = None, out: str | Path | None = None,
-                 progress: Callable[[str], None] | None = None,
-                 local_corpus_out: str | Path | None = None) -> tuple[RoutingPolicy, dict]:
-    """Collects routing outcomes on training questions, trains the policy, saves it to ``out``; (policy, summary).
-
-    ``local_corpus_out``: also write the local tier's passages as FlashRAG jsonl (``id, contents``), so an
-    evaluation can use the same local corpus against a network tier over the whole world.
-    """
-    from kunlunlab.data import World, make_questions
-    from kunlunlab.retrieval import Encoder, IndexConfig, build_retriever, corpus_embeddings
-    from kunlunlab.retrieval.service import RetrievalClient
-
-    config = config or RouterTrainConfig()
-    say = progress or (lambda msg: log.info(msg))
-    start = time.perf_counter()
-    world = World.generate(n_passages=config.world_passages, seed=config.seed)
+def split_questions(world, config: RouterTrainConfig) -> tuple[list, list, int]:
+    """The router's own questions (seed ``seed + 1000``) without the eval harness's first
+    ``exclude_eval_questions`` (seed ``seed + 1``), split into training and held-out; (train, held-out, dropped)."""
     examples = make_questions(world, config.questions, seed=config.seed + 1000, id_prefix="nlr")
     eval_questions = ({ex.question for ex in make_questions(world, config.exclude_eval_questions, seed=config.seed + 1)}
                       if config.exclude_eval_questions else set())
@@ -146,7 +135,12 @@ def train_router(config: RouterTrainConfig | None = None, out: str | Path | None
     train_ex, heldout_ex = examples[:len(examples) - n_heldout], examples[len(examples) - n_heldout:]
     if not train_ex:
         raise ValueError(f"no training questions left ({len(examples)} after dropping {dropped} eval questions)")
+    return train_ex, heldout_ex, dropped
 
+
+def build_tiers(world, config: RouterTrainConfig) -> tuple:
+    """(wide, local, local passages): an index over the whole world (what the network tier serves) and one over
+    ``local_fraction`` of its passages, drawn with ``seed``; a dense kind embeds the world once."""
     rng = np.random.default_rng(config.seed)
     n_local = max(1, int(round(config.local_fraction * len(world.passages))))
     local_rows = np.sort(rng.choice(len(world.passages), size=n_local, replace=False))
@@ -160,56 +154,97 @@ def train_router(config: RouterTrainConfig | None = None, out: str | Path | None
         vectors = corpus_embeddings(encoder, world.passages, progress=False)
         wide = build_retriever(world.passages, index, encoder=encoder, vectors=vectors)
         local = build_retriever(local_passages, index, encoder=encoder, vectors=vectors[local_rows])
-    if local_corpus_out is not None:
-        path = Path(local_corpus_out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as f:
-            for p in local_passages:
-                f.write(json.dumps({"id": p.id, "contents": p.contents}) + "\n")
-    say(f"world {len(world.passages)} passages, local tier {len(local_passages)}; "
-        f"{len(train_ex)} training + {len(heldout_ex)} held-out questions ({dropped} eval questions dropped)")
+    return wide, local, local_passages
 
-    def measure(url: str) -> tuple[RoutingTable, RoutingTable, NetworkLocalRouter, dict]:
-        client = RetrievalClient(url)
-        try:
-            health = client.health()
-            client.search(["warm up the connection"], config.top_k)  # the first request pays connection setup
-            local.search(["warm up the index"], config.top_k)
-            router = NetworkLocalRouter(local.search, client.search)
-            tables = []
-            for name, exs in (("training", train_ex), ("held-out", heldout_ex)):
-                queries, golds, contexts = hop_queries(exs, config)
-                say(f"measuring local / network / both on {len(queries)} {name} hop queries")
-                tables.append(router.collect(queries, golds, config.top_k, contexts))
-            return tables[0], tables[1], router, health
-        finally:
-            client.close()
 
-    if config.network_url:
-        train_table, heldout_table, router, health = measure(config.network_url)
-    else:
-        with network_tier(retriever=wide, added_latency_ms=config.added_latency_ms) as url:
-            train_table, heldout_table, router, health = measure(url)
-    if health.get("n") != len(world.passages):
+def _write_corpus(path: str | Path, passages) -> None:
+    """FlashRAG jsonl (``id, contents``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for p in passages:
+            f.write(json.dumps({"id": p.id, "contents": p.contents}) + "\n")
+
+
+def measure_tiers(url: str, local, splits, config: RouterTrainConfig, say: Callable[[str], None]
+                  ) -> tuple[list[RoutingTable], NetworkLocalRouter, dict]:
+    """Routing outcomes of local / network / both on the hop queries of each (name, questions) split, against
+    the retrieval service at ``url``; (a table per split, the router, the service's health)."""
+    client = RetrievalClient(url)
+    try:
+        health = client.health()
+        client.search(["warm up the connection"], config.top_k)  # the first request pays connection setup
+        local.search(["warm up the index"], config.top_k)
+        router = NetworkLocalRouter(local.search, client.search)
+        tables = []
+        for name, exs in splits:
+            queries, golds, contexts = hop_queries(exs, config)
+            say(f"measuring local / network / both on {len(queries)} {name} hop queries")
+            tables.append(router.collect(queries, golds, config.top_k, contexts))
+        return tables, router, health
+    finally:
+        client.close()
+
+
+def _check_network(health: dict, router: NetworkLocalRouter, n_passages: int) -> None:
+    """Warns about a network tier over another corpus; refuses one whose every request failed."""
+    if health.get("n") != n_passages:
         log.warning("the network tier serves %s passages, the world has %d: is it the same corpus?",
-                    health.get("n"), len(world.passages))
+                    health.get("n"), n_passages)
     if router.stats.network_calls and router.stats.network_errors == router.stats.network_calls:
         raise RetrievalServiceError(f"every network request failed ({router.stats.network_errors}); "
                                     f"last error: {router.stats.last_error}")
 
-    tops = [s[0] for s in train_table.local_scores if s]
+
+def fit_policy(config: RouterTrainConfig, table: RoutingTable, say: Callable[[str], None]
+               ) -> tuple[RoutingPolicy, np.ndarray, int, list[dict]]:
+    """The policy trained by policy gradient on ``table`` plus its outage copies, its states scaled by the
+    median top local score (``policy.config.score_scale``); (policy, training states, outage rows, history)."""
+    tops = [s[0] for s in table.local_scores if s]
     score_scale = float(np.median(tops)) if tops and np.median(tops) > 0 else 1.0
     nlr = replace(config.nlr, score_scale=score_scale)
-    states = train_table.states(score_scale)
-    extra = outage_rows(states, train_table.recall, train_table.latency_ms, config.outage_fraction,
+    states = table.states(score_scale)
+    extra = outage_rows(states, table.recall, table.latency_ms, config.outage_fraction,
                         np.random.default_rng(config.seed + 1))
     meta = {"index_kind": config.index_kind, "embedder": config.embedder, "world_passages": config.world_passages,
             "seed": config.seed, "local_fraction": config.local_fraction,
             "added_latency_ms": config.added_latency_ms, "top_k": config.top_k}
     policy = RoutingPolicy(nlr, meta=meta)
     say(f"training the policy on {len(states)} rows + {len(extra[0])} outage rows for {nlr.epochs} epochs")
-    history = policy.train(np.concatenate([states, extra[0]]), np.concatenate([train_table.recall, extra[1]]),
-                           np.concatenate([train_table.latency_ms, extra[2]]))
+    history = policy.train(np.concatenate([states, extra[0]]), np.concatenate([table.recall, extra[1]]),
+                           np.concatenate([table.latency_ms, extra[2]]))
+    return policy, states, len(extra[0]), history
+
+
+def train_router(config: RouterTrainConfig | None = None, out: str | Path | None = None,
+                 progress: Callable[[str], None] | None = None,
+                 local_corpus_out: str | Path | None = None) -> tuple[RoutingPolicy, dict]:
+    """Collects routing outcomes on training questions, trains the policy, saves it to ``out``; (policy, summary).
+
+    ``local_corpus_out``: also write the local tier's passages as FlashRAG jsonl (``id, contents``), so an
+    evaluation can use the same local corpus against a network tier over the whole world.
+    """
+    config = config or RouterTrainConfig()
+    say = progress or (lambda msg: log.info(msg))
+    start = time.perf_counter()
+    world = World.generate(n_passages=config.world_passages, seed=config.seed)
+    train_ex, heldout_ex, dropped = split_questions(world, config)
+    wide, local, local_passages = build_tiers(world, config)
+    if local_corpus_out is not None:
+        _write_corpus(local_corpus_out, local_passages)
+    say(f"world {len(world.passages)} passages, local tier {len(local_passages)}; "
+        f"{len(train_ex)} training + {len(heldout_ex)} held-out questions ({dropped} eval questions dropped)")
+
+    splits = (("training", train_ex), ("held-out", heldout_ex))
+    if config.network_url:
+        (train_table, heldout_table), router, health = measure_tiers(config.network_url, local, splits, config, say)
+    else:
+        with network_tier(retriever=wide, added_latency_ms=config.added_latency_ms) as url:
+            (train_table, heldout_table), router, health = measure_tiers(url, local, splits, config, say)
+    _check_network(health, router, len(world.passages))
+
+    policy, states, n_outage, history = fit_policy(config, train_table, say)
+    nlr, score_scale = policy.config, policy.config.score_scale
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         policy.save(out)
@@ -218,7 +253,7 @@ def train_router(config: RouterTrainConfig | None = None, out: str | Path | None
     summary = {"out": str(out) if out is not None else None, "local_corpus": str(local_corpus_out) if local_corpus_out else None,
                "questions": {"train": len(train_ex), "heldout": len(heldout_ex), "dropped_eval_overlap": dropped},
                "queries": {"train": len(train_table.queries), "heldout": len(heldout_table.queries),
-                           "outage_rows": len(extra[0])},
+                           "outage_rows": n_outage},
                "local_passages": len(local_passages), "network_passages": health.get("n"),
                "added_latency_ms": config.added_latency_ms, "network_url": config.network_url,
                "network_calls": router.stats.network_calls, "network_errors": router.stats.network_errors,

@@ -1,5 +1,5 @@
 """Views of notebook 07: ReasonRAG's step preference pairs and explored trees
-(:mod:`kunlunlab.training.process_rewards`' ``preferences.jsonl`` / ``trees.jsonl`` rows), and the DAPO runs'
+(:mod:`kunlunlab.training.preferences`' ``preferences.jsonl`` / ``trees.jsonl`` rows), and the DAPO runs'
 rollout curves side by side."""
 from __future__ import annotations
 

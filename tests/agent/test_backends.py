@@ -1,10 +1,12 @@
 """The local KV-cached backend against itself and the OpenAI-compatible backend against the local server."""
 import pytest
 
-from kunlunlab.agent.backends import OpenAIBackend, _shared_prefix_length, chat_prompt_ids, generate_once, text_ids
+from kunlunlab.agent.backends import chat_prompt_ids, generate_once, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
+from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.server import create_app
+from kunlunlab.agent.transformers_backend import _shared_prefix_length
 from kunlunlab.retrieval.service import ServiceThread, free_port
 
 QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "Name a primary colour."]

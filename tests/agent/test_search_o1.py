@@ -3,10 +3,8 @@ condensed text and not the raw passages, one batched call per turn, budgets, and
 import re
 from types import SimpleNamespace
 
-import pytest
-
-from kunlunlab.agent.backends import OpenAIBackend
 from kunlunlab.agent.methods import MethodConfig, make_method
+from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import (NO_INFORMATION, ReasonInDocumentsConfig, extract_information,
                                        previous_reasoning, reason_in_documents)

@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
-from kunlunlab.agent.backends import AnswerBlock, OpenAIBackend, TransformersBackend, chat_prompt_ids, text_ids
+from kunlunlab.agent.backends import AnswerBlock, chat_prompt_ids, text_ids
+from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import build_messages, open_answer, parse_turn
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.agent.stie import STIEConfig, STIEController, words
+from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.bench import AnswerBlockBenchConfig, bench_answer_block
 from kunlunlab.models import resolve_llm
 from kunlunlab.retrieval.service import free_port

@@ -11,7 +11,6 @@ from kunlunlab.agent.backends import text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.agent.stie import STIEConfig, STIEController
-from kunlunlab.retrieval.retriever import Hit
 from scripted import CountingSearch, ScriptedBackend, interleaved
 
 

@@ -32,7 +32,7 @@ def test_pair_stats_counts_pairs_by_action_pair_and_depth_with_the_mean_gap():
 
 
 def test_pair_stats_lists_other_action_pairs_and_reads_pair_objects():
-    from kunlunlab.training.process_rewards import PreferencePair
+    from kunlunlab.training.preferences import PreferencePair
 
     obj = PreferencePair("t", "q", [1], [2], [3], "p", "c", "r", "search", "none", 3, 0.4, 0.0, True, False)
     stats = pair_stats([obj])

@@ -28,7 +28,8 @@ def test_data_imports_nothing_from_higher_layers():
 # (training and eval share a layer; training may evaluate, eval never trains).
 LAYERS = {"kunlunlab.paths": 0, "kunlunlab.models": 0, "kunlunlab.configs": 0, "kunlunlab.data": 1, "kunlunlab.retrieval": 2,
           "kunlunlab.agent": 3, "kunlunlab.eval": 4, "kunlunlab.training": 4, "kunlunlab.studies": 5,
-          "kunlunlab.viz": 6, "kunlunlab.bench": 7, "kunlunlab.runner": 7, "kunlunlab.cli": 8}
+          "kunlunlab.viz": 6, "kunlunlab.bench": 7, "kunlunlab.runner": 7, "kunlunlab.cli": 8,
+          "kunlunlab.cli_parsers": 8}
 
 
 def layer_of(module: str) -> tuple[str, int] | None:

@@ -1,8 +1,6 @@
 """pareto_sweep and best_at (python -m kunlunlab.bench retrieval --pareto), the nearest-cluster ablation of dynamic
 sampling, and the auto candidate budget; checked against values written or computed here (hand-written rows,
 brute-force centroid rankings and cluster sizes by numpy, exact search by numpy)."""
-import math
-
 import faiss
 import numpy as np
 import pytest
@@ -10,7 +8,7 @@ import pytest
 from conftest import exact_top
 from kunlunlab.bench import gaussian_vectors
 from kunlunlab.retrieval import ClusterConfig, ClusterRetriever
-from kunlunlab.retrieval.clustered import auto_candidate_budget
+from kunlunlab.retrieval.cluster_sizing import auto_candidate_budget
 from kunlunlab.retrieval.pareto import PARETO_FAMILIES, ParetoGrids, best_at, pareto_sweep
 
 DIM, K = 64, 10

@@ -13,10 +13,10 @@ from kunlunlab.agent.protocol import RESULT_TEMPLATE
 from kunlunlab.agent.rollout import RolloutConfig, result_block
 from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.service import free_port
-from kunlunlab.training.process_rewards import (JudgeUnavailableError, MCTSConfig, PathJudge, SearchTree, StepNode,
-                                                StepTreeSearch, gold_coverage, preference_pairs, read_preferences,
-                                                refresh_values, select_child, spre_reward, uct_score,
-                                                write_preferences, write_trees)
+from kunlunlab.training.path_judge import JudgeUnavailableError, PathJudge
+from kunlunlab.training.preferences import preference_pairs, read_preferences, write_preferences, write_trees
+from kunlunlab.training.process_rewards import (MCTSConfig, SearchTree, StepNode, StepTreeSearch, gold_coverage,
+                                                refresh_values, select_child, spre_reward, uct_score)
 from scripted import CharTokenizer, CountingSearch, PrefixScriptedBackend
 
 TOK = CharTokenizer()
@@ -218,7 +218,7 @@ def test_judge_value_source_with_a_fake_endpoint_and_a_clear_error_when_unreacha
 
 def test_collect_preferences_writes_both_files_and_reads_them_back_on_resume(tmp_path):
     from kunlunlab.data.types import QAExample
-    from kunlunlab.training.process_rewards import collect_preferences
+    from kunlunlab.training.preferences import collect_preferences
 
     ex = QAExample("alpha", "Question: alpha?", ["Paris"], "test", supporting_ids=["alpha author-0",
                                                                                     "alpha birthplace-0"])
