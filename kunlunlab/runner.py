@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
 
 def read_notebook(path: Path):
     """The notebook as nbformat reads it, from a jupytext source (``.py``) or an ``.ipynb``."""
-    import jupytext
+    import jupytext  # deferred: the runner process stays light; kernels do the work
 
     return jupytext.read(path)
 
@@ -131,9 +132,7 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
     """Executes one notebook into ``run_dir/<stem>.ipynb`` (+ ``.html``); its own outputs go to ``run_dir/<stem>/``.
     ``progress`` shows papermill's per-cell progress bar and streams what the cells print (the training
     stages' progress lines, for example) to this process's stdout as it happens."""
-    import sys
-
-    import papermill as pm
+    import papermill as pm  # deferred: the runner process stays light; kernels do the work
 
     out_dir = run_dir / path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +193,7 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
     """Runs the series in order. Once notebook 04 has trained a model, notebooks 05 and 06 get it as their
     ``model`` parameter and notebook 07 its run folder as ``ref_run`` (unless ``params`` names them), so the
     series studies the trained agent and compares the other recipes from the same SFT checkpoint."""
-    from kunlunlab.training.pipeline import trained_model
+    from kunlunlab.training.pipeline import trained_model  # deferred: torch and TRL stay out of the runner process
 
     # absolute: the notebooks run with notebooks/ as their working directory, where a relative run folder
     # would land otherwise

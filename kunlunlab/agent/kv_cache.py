@@ -19,8 +19,8 @@ def growing_cache_class():
     The model sees a view of the filled part, the same values as ``DynamicLayer`` would hand it.
     """
     import torch  # deferred: torch and transformers take seconds to import, and only a local session needs them
-    from transformers import DynamicCache
-    from transformers.cache_utils import Cache, DynamicLayer
+    from transformers import DynamicCache  # deferred: as torch above
+    from transformers.cache_utils import Cache, DynamicLayer  # deferred: as torch above
 
     class GrowingLayer(DynamicLayer):
         def lazy_initialization(self, key_states, value_states) -> None:

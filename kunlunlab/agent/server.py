@@ -71,6 +71,6 @@ def create_app(backend: TransformersBackend) -> FastAPI:
 
 
 def serve(backend: TransformersBackend, host: str = "127.0.0.1", port: int = 8001) -> None:
-    import uvicorn
+    import uvicorn  # deferred: only serving needs the ASGI server
 
     uvicorn.run(create_app(backend), host=host, port=port, log_level="info")

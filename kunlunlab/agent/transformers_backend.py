@@ -173,7 +173,7 @@ class TransformersSession:
 
     def __init__(self, backend: TransformersBackend, prompts: Sequence[Sequence[int]], sampling: SamplingConfig):
         import torch  # deferred, as in _in_dtype (transformers too)
-        from transformers.generation.logits_process import TopPLogitsWarper
+        from transformers.generation.logits_process import TopPLogitsWarper  # deferred: as torch above
 
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kunlunlab.data.types import DataFormatError, Passage, QAExample
+from kunlunlab.data.world import World
+from kunlunlab.paths import shared_data_dir
 
 QA_LAYOUTS = ("hotpot", "searchr1", "2wiki", "flashrag")
 
@@ -167,8 +169,6 @@ def load_qa(path: str | Path, limit: int | None = None, layout: str | None = Non
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[QAExample]:
     """A named benchmark from the shared data folder (``hotpotqa``, ``2wikimultihopqa``, ``musique``, ...)."""
-    from kunlunlab.paths import shared_data_dir
-
     if name not in BENCHMARK_FILES:
         raise ValueError(f"unknown benchmark {name!r}; choose from {sorted(BENCHMARK_FILES)}")
     root = Path(data_dir) if data_dir else shared_data_dir()
@@ -241,9 +241,6 @@ def load_named_corpus(corpus: str, n: int = 2000, seed: int = 0) -> list[Passage
     """``world`` (the synthetic world with ``n`` passages), a named benchmark corpus (``NAMED_CORPORA``, from
     the benchmark data folder) or a corpus file in any supported layout: what ``kunlunlab build-index
     --corpus`` and notebook 01 accept."""
-    from kunlunlab.data.world import World
-    from kunlunlab.paths import shared_data_dir
-
     if corpus == "world":
         return World.generate(n_passages=n, seed=seed).passages
     if corpus in NAMED_CORPORA:

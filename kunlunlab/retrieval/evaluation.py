@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import faiss
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from kunlunlab.data.types import QAExample
 from kunlunlab.retrieval.clustered import ClusterConfig, ClusterRetriever
@@ -35,8 +36,6 @@ def time_per_query(search: Callable, queries: np.ndarray, k: int, repeats: int =
     single query's re-rank over every core once the candidate matrix passes its threading threshold
     (about 680 candidates of dimension 384), which on the shared 2-core machine measured 2–8 ms per query
     instead of 0.8 at 2000 candidates, and would time the retriever with more threads than the others."""
-    from threadpoolctl import threadpool_limits
-
     rows = np.empty((len(queries), k), dtype=np.int64)
     passes = []
     with threadpool_limits(limits=faiss.omp_get_max_threads(), user_api="blas"):

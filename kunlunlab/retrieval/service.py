@@ -401,7 +401,7 @@ class ServiceThread:
 
     def __init__(self, retriever: Retriever | None = None, port: int | None = None, added_latency_ms: float = 0.0,
                  app: FastAPI | None = None, **options):
-        import uvicorn
+        import uvicorn  # deferred: only serving needs the ASGI server
 
         if (retriever is None) == (app is None):
             raise ValueError("give either a retriever or an app")
@@ -442,6 +442,6 @@ class ServiceThread:
 
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, added_latency_ms: float = 0.0,
           **options) -> None:
-    import uvicorn
+    import uvicorn  # deferred: only serving needs the ASGI server
 
     uvicorn.run(create_app(retriever, added_latency_ms, **options), host=host, port=port, log_level="info")

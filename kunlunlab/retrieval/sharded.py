@@ -108,7 +108,7 @@ class PassageEmbedder:
 
     def __init__(self, embedder: str | None, passage_prefix: str, device: str | None, threads: int,
                  passage_precision: str = "float32"):
-        import torch
+        import torch  # deferred: only the Ray actor needs torch, inside the worker
 
         if device != "cuda":
             torch.set_num_threads(max(1, threads))  # the actor's CPU share, not every core of the node
@@ -122,7 +122,7 @@ class PassageEmbedder:
 
 
 def _ray_vectors(cfg: ShardedBuildConfig, corpus: Path, encoder: Encoder, log) -> Iterator[tuple[list[str], np.ndarray]]:
-    import ray
+    import ray  # deferred: optional: only Ray Data builds need it
 
     started = not ray.is_initialized()
     if started:

@@ -385,7 +385,7 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
         reward_weights=reward_weights or rewards.weights, scale_rewards="group", mask_truncated_completions=False,
         logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
         report_to=list(report_to or []), seed=seed, bf16=bf16,
-        deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing,
+        deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing,
         use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_url, disable_tqdm=True, dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(), lr_scheduler_type="constant",
     )

@@ -60,7 +60,7 @@ def dpo_dataset(pairs: Iterable, max_length: int | None = None):
     """A ``datasets.Dataset`` of ``prompt_ids``/``chosen_ids``/``rejected_ids`` from
     :class:`~kunlunlab.training.preferences.PreferencePair` objects or ``preferences.jsonl`` dicts; pairs
     whose prompt + longer step exceed ``max_length`` are dropped."""
-    from datasets import Dataset
+    from datasets import Dataset  # deferred: training.config imports this module
 
     rows, dropped = [], 0
     for pair in pairs:
@@ -81,7 +81,7 @@ def dpo_dataset(pairs: Iterable, max_length: int | None = None):
 
 @functools.cache
 def _trainer_class():
-    from trl import DPOTrainer
+    from trl import DPOTrainer  # deferred: training.config imports this module
 
     class PretokenizedDPOTrainer(DPOTrainer):
         """``DPOTrainer`` that takes pre-tokenised ``prompt_ids``/``chosen_ids``/``rejected_ids`` as they are: no
@@ -106,8 +106,8 @@ def __getattr__(name):  # PretokenizedDPOTrainer without importing TRL at module
 
 def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = False, deepspeed: str | None = None,
              gradient_checkpointing: bool = False, report_to: list[str] | None = None):
-    import torch
-    from trl import DPOConfig
+    import torch  # deferred: training.config imports this module
+    from trl import DPOConfig  # deferred: training.config imports this module
 
     return DPOConfig(
         output_dir=str(output_dir), loss_type=["sigmoid"], beta=cfg.beta, learning_rate=cfg.learning_rate,
@@ -115,7 +115,7 @@ def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = 
         max_steps=cfg.steps, num_train_epochs=cfg.epochs, max_length=cfg.max_length, lr_scheduler_type="constant",
         precompute_ref_log_probs=cfg.precompute_ref_log_probs, logging_steps=cfg.logging_steps,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed, bf16=bf16,
-        deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, disable_tqdm=True,
         dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
     )
 
@@ -128,8 +128,8 @@ def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path
     ``cfg.precompute_ref_log_probs``; with ``peft_config`` TRL trains a LoRA adapter and the reference is the model
     with the adapter switched off, no copy). ``arg_overrides``: ``bf16``, ``deepspeed``, ``gradient_checkpointing``,
     ``report_to``."""
-    from datasets import Dataset
-    from transformers.trainer_utils import get_last_checkpoint
+    from datasets import Dataset  # deferred: training.config imports this module
+    from transformers.trainer_utils import get_last_checkpoint  # deferred: training.config imports this module
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

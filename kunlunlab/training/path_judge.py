@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+import httpx
+
 
 class JudgeUnavailableError(RuntimeError):
     """The judge endpoint could not be reached or answered badly."""
@@ -24,8 +26,6 @@ class PathJudge:
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0, retries: int = 1,
                  max_path_chars: int = 6000, transport=None):
-        import httpx
-
         if not url or not model:
             raise ValueError("the judge value source needs mcts.judge_url and mcts.judge_model")
         self.url = url.rstrip("/")
@@ -37,8 +37,6 @@ class PathJudge:
         self.stats = {"judged": 0, "unparsed": 0}
 
     def score(self, question: str, answers: Sequence[str], path: str) -> float:
-        import httpx
-
         path = path.strip() or "(nothing yet)"
         if len(path) > self.max_path_chars:
             path = "…" + path[-self.max_path_chars:]

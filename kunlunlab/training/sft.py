@@ -8,11 +8,18 @@ mixing schedule are concatenated in order and read sequentially, so the curricul
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import Sequence
 
-from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
+import torch
+from datasets import Dataset
+from transformers.trainer_utils import get_last_checkpoint
+from trl import SFTConfig, SFTTrainer
+
 from kunlunlab.training.config import SFTStageConfig
+from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
+from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +30,6 @@ def sft_dataset(tokenizer, trajectories: Sequence[TrajectoryExample], max_length
     the schedule, trajectories of similar length are batched together (batches in random order), which
     cuts padding on CPU without mixing epochs. Trajectories longer than ``max_length`` are dropped (and
     counted in the log) rather than cut mid-protocol."""
-    import random
-
-    from datasets import Dataset
-
     by_epoch: dict[int, list[dict]] = {}
     dropped = 0
     for t in trajectories:
@@ -62,22 +65,18 @@ def freeze_for_sft(model, train_layers: int | None) -> int:
 
 def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = False, deepspeed: str | None = None,
              gradient_checkpointing: bool = False, report_to: list[str] | None = None):
-    from trl import SFTConfig
-
     return SFTConfig(
         output_dir=str(output_dir), per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
         lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
         completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed,
-        bf16=bf16, deepspeed=deepspeed, gradient_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
+        bf16=bf16, deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
         disable_tqdm=True, use_cpu=not _has_accelerator(),
     )
 
 
 def _has_accelerator() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -85,11 +84,6 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
             callbacks: list | None = None, peft_config=None, **arg_overrides):
     """Trains in place (with ``peft_config``, a LoRA adapter on ``model``); resumes from the last checkpoint in
     ``output_dir``. Returns the trainer."""
-    from transformers.trainer_utils import get_last_checkpoint
-    from trl import SFTTrainer
-
-    from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
-
     score_labelled_positions_on_cpu()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 def score_labelled_positions_on_cpu() -> bool:
     """Makes TRL's fused LM head score only labelled positions on CPU too (idempotent). Returns whether the switch
     is in place; with a TRL that no longer has it, logs a warning and leaves TRL as it is (slower, same values)."""
-    import trl.trainer.utils as trl_utils
+    import trl.trainer.utils as trl_utils  # deferred: TRL loads in seconds; only training calls this
 
     original = getattr(trl_utils, "_use_triton", None)
     if original is None or not callable(original):

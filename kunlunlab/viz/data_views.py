@@ -13,6 +13,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from kunlunlab.studies.reward_cases import REWARD_CASES, case_rows
+from kunlunlab.training.rewards import RewardConfig, parse_completion
+from kunlunlab.viz.training_views import reward_table_html
+
 # ---------------------------------------------------------------------------- shared
 _CELL = "padding:3px 8px;border-bottom:1px solid #ddd"
 
@@ -183,10 +187,6 @@ def epoch_table_html(per_epoch: dict[str, dict]) -> str:
 def reward_explanation_html(text: str, golds: str | Sequence[str], cfg=None, model_tokens: int | None = None) -> str:
     """The reward explorer's read-out for one response: the component table of eqs. 17-18 and what the
     parser read (answer, mode, protocol issues, searches). ``golds``: a list, or aliases joined by ``|``."""
-    from kunlunlab.studies.reward_cases import case_rows
-    from kunlunlab.training.rewards import parse_completion
-    from kunlunlab.viz.training_views import reward_table_html
-
     if isinstance(golds, str):
         golds = [g.strip() for g in golds.split("|") if g.strip()]
     record = parse_completion(text, model_tokens=model_tokens)
@@ -199,9 +199,6 @@ def reward_explanation_html(text: str, golds: str | Sequence[str], cfg=None, mod
 def reward_rankings(settings: dict[str, dict], cfg=None, cases: Sequence[dict] | None = None) -> dict[str, list[str]]:
     """For each named set of weight overrides (``{"format-heavy": {"w_format": 1.5}}``), the case names from
     the highest total reward to the lowest (ties keep the cases' order)."""
-    from kunlunlab.studies.reward_cases import REWARD_CASES, case_rows
-    from kunlunlab.training.rewards import RewardConfig
-
     base = cfg or RewardConfig()
     out = {}
     for label, weights in settings.items():

@@ -1,6 +1,7 @@
 """Figures: built from plain records so notebooks only pass results through."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -63,8 +64,6 @@ def memory_figure(bytes_per_vector: dict[str, float]) -> go.Figure:
 def pareto_figure(rows: Sequence[dict], k: int = 10, target: float = 0.95, subtitle: str = "") -> go.Figure:
     """Recall@k against ms/query for every family and setting of a Pareto sweep (one query at a time);
     marker size grows with RAM bytes per vector; the dotted line is the ``target`` recall."""
-    import math
-
     key = f"recall_at_{k}"
     fig = go.Figure()
     for family in dict.fromkeys(r["family"] for r in rows):

@@ -95,8 +95,6 @@ def before_after_figure(summary: dict) -> go.Figure:
 
 def reward_table_html(rows: Sequence[dict]) -> str:
     """The hand-written case table: one row per case, raw components and the total."""
-    import html
-
     keys = ("mode", "format", "length", "accuracy", "structure", "overlong", "total")
     head = "".join(f"<th>{k}</th>" for k in ("case",) + keys)
     body = []
@@ -110,8 +108,6 @@ def reward_table_html(rows: Sequence[dict]) -> str:
 def config_table_html(config: dict, defaults: dict) -> str:
     """A config as a compact table: the settings that differ from the dataclass defaults, one row each (dotted
     key, value, default), and how many leave the default; the whole config stays in ``train_config.json``."""
-    import html
-
     def leaves(d: dict, prefix: str = "") -> dict:
         out = {}
         for k, v in d.items():

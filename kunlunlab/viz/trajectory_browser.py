@@ -29,8 +29,11 @@ import html
 import re
 from typing import Mapping, Sequence
 
+import ipywidgets as widgets
+
 from kunlunlab.agent.protocol import parse_turn
 from kunlunlab.agent.stie import LAGS, RoundInput, STIEConfig, STIEDecision, replay
+from kunlunlab.eval.harness import EvalConfig, with_checkpoint_settings
 
 _STYLE = {"rdra": "#eef", "model": "#f7f7f7", "result": "#eaf6ea", "feedback": "#fff4e0", "search": "#e8f0fe",
           "stie": "#fdeff4", "note": "#fff8d6"}
@@ -125,8 +128,6 @@ def stie_config_for(model: str | None) -> STIEConfig:
     its whole ``stie``, or the round budget ``stie_rounds`` of older files) where it has them, STIE's defaults
     otherwise, exactly as :func:`kunlunlab.eval.harness.with_checkpoint_settings` resolves them for
     :func:`kunlunlab.eval.harness.build_pipeline` (without collection mode)."""
-    from kunlunlab.eval.harness import EvalConfig, with_checkpoint_settings
-
     return with_checkpoint_settings(EvalConfig(model=model)).stie
 
 
@@ -434,8 +435,6 @@ class TrajectoryBrowser:
     ``runs``: ``{label: records}`` (e.g. :func:`runs_from_suite`) or one list of records."""
 
     def __init__(self, runs, stie: STIEConfig | None = None):
-        import ipywidgets as widgets
-
         self.runs = _as_runs(runs)
         self.stie = stie or STIEConfig()
         labels = list(self.runs)

@@ -7,13 +7,18 @@ import dataclasses
 import json
 import logging
 import re
+import warnings
 
 import pytest
 
 from kunlunlab.configs import leaf_paths, read_config_file
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.studies.training_variants import reference_mismatch
-from kunlunlab.training.config import TrainConfig, inert_fields, load_config
+from kunlunlab.training.config import DAPOStageConfig, SFTStageConfig, TrainConfig, inert_fields, load_config
+from kunlunlab.training.dapo import grpo_args
+from kunlunlab.training.dpo import DPOStageConfig, dpo_args
+from kunlunlab.training.rewards import RewardConfig
+from kunlunlab.training.sft import sft_args
 from kunlunlab.training.mixing import MixingConfig
 from kunlunlab.data.splits import load_splits
 from kunlunlab.training.pipeline import RunFolderConflict, check_run_folder, mix_training_data
@@ -145,3 +150,16 @@ def test_a_reference_run_recorded_before_the_move_is_not_reported_as_different()
     reference = {"top_k": 1, "mixing": {"top_k": 2, "max_result_chars": 300, "seed": 0, "epochs": 3}}
     assert reference_mismatch(reference, {"top_k": 1, "mixing": {"epochs": 3}}) == ([], [])
     assert reference_mismatch(reference, {"top_k": 2, "mixing": {"epochs": 3}}) == ([], ["top_k"])
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_trainers_arguments_use_no_deprecated_names(tmp_path, checkpointing):
+    """The executed notebooks carry no FutureWarning from the package's own calls: SFT, DAPO and DPO arguments
+    name activation checkpointing as transformers 5 does, and the value reaches the arguments."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        built = [sft_args(SFTStageConfig(), tmp_path / "sft", 0, gradient_checkpointing=checkpointing),
+                 grpo_args(DAPOStageConfig(), RewardConfig(), tmp_path / "dapo", 0, gradient_checkpointing=checkpointing,
+                           world_size=1),
+                 dpo_args(DPOStageConfig(), tmp_path / "dpo", 0, gradient_checkpointing=checkpointing)]
+    assert [args.activation_checkpointing for args in built] == [checkpointing] * 3
