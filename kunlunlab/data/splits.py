@@ -32,7 +32,8 @@ class Splits:
     world_passages: int = 2000
     world_seed: int = 0
     train_questions: int = 400
-    summary_share: float = 0.0          # of the training questions, summary-oriented ones (the long-answer mode)
+    summary_share: float = 0.0          # share of summary-oriented ones (the long-answer mode) among the world's
+                                        # training questions, added beside the train_questions factoid ones
     summary_heldout: int = 0            # held-out summary-oriented questions, drawn like the factoid ones
     question_seed: int = 1
     heldout_seed: int = 2
@@ -66,11 +67,12 @@ class TrainingData:
 
 def world_questions(splits: Splits) -> tuple[World, list[QAExample], list[QAExample]]:
     """The synthetic world and its training and held-out factoid questions (no held-out question is a training
-    one). ``summary_share`` of the training questions are summary-oriented ones, after the factoid ones (the
-    factoid ones are then the first of the same draw, so a share leaves them as they were)."""
+    one). ``train_questions`` factoid questions train, and summary-oriented ones are added after them so that they
+    make ``summary_share`` of the world's training questions: the factoid training and held-out questions are the
+    same whatever the share (a run trained before summary questions existed is evaluated on its own split)."""
     world = World.generate(n_passages=splits.world_passages, seed=splits.world_seed)
     n_summary = n_summary_questions(splits)
-    train = make_questions(world, splits.train_questions - n_summary, seed=splits.question_seed, id_prefix="train")
+    train = make_questions(world, splits.train_questions, seed=splits.question_seed, id_prefix="train")
     if n_summary:
         train += summary_questions(world, n_summary, seed=splits.question_seed, id_prefix="train-summary")
     seen = {q.question for q in train}
@@ -79,9 +81,10 @@ def world_questions(splits: Splits) -> tuple[World, list[QAExample], list[QAExam
 
 
 def n_summary_questions(splits: Splits) -> int:
+    """Summary-oriented training questions beside ``train_questions`` factoid ones: ``summary_share`` of all."""
     if not 0.0 <= splits.summary_share < 1.0:
         raise ValueError(f"summary_share must lie in [0, 1), got {splits.summary_share}")
-    return round(splits.train_questions * splits.summary_share)
+    return round(splits.train_questions * splits.summary_share / (1.0 - splits.summary_share))
 
 
 def heldout_summary_questions(world: World, train: list[QAExample], splits: Splits) -> list[QAExample]:

@@ -197,8 +197,9 @@ class TrainConfig:
     world_passages: int = 2000
     world_seed: int = 0
     train_questions: int = 400
-    summary_share: float = 0.1       # of train_questions, summary-oriented ones ("Describe how X is connected to
-                                     # Y."): the long-answer mode (§2.3, eq. 18) in the SFT mix and DAPO's prompts
+    summary_share: float = 0.1       # summary-oriented questions ("Describe how X is connected to Y.", the long-answer
+                                     # mode, §2.3 eq. 18) added beside the train_questions factoid ones, to make this
+                                     # share of the world's training questions: in the SFT mix and DAPO's prompts
     question_seed: int = 1
     heldout_seed: int = 2
     index_kind: str = "flat"
