@@ -158,24 +158,22 @@ def _summary(world: World, rng: random.Random) -> QAExample | None:
     headquarters, a film's director and his or her birthplace, a company's founder and his or her country, or a
     person's parent and grandparent. The box holds M; the facts are the two hops as sentences."""
     variant = rng.randrange(4)
-    if variant == 0:
+    if variant < 2:  # a film, then its producer's headquarters or its director's birthplace
         f_idx = rng.randrange(len(world.films))
         film = world.films[f_idx]
-        company = world.companies[film.company]
-        city = world.cities[company.headquarters].name
-        start, link, end = film.page_title, company.name, city
-        chain = [Hop(f"Which company produced {film.page_title}?", company.name, world.passage("film", f_idx)),
-                 Hop(f"Where is {company.name} headquartered?", city, world.passage("company", film.company))]
-        facts = [f"{film.page_title} was produced by {company.name}.", f"{company.name} is headquartered in {city}."]
-    elif variant == 1:
-        f_idx = rng.randrange(len(world.films))
-        film = world.films[f_idx]
-        director = world.people[film.director]
-        city = world.cities[director.birthplace].name
-        start, link, end = film.page_title, director.name, city
-        chain = [Hop(f"Who directed {film.page_title}?", director.name, world.passage("film", f_idx)),
-                 Hop(f"Where was {director.name} born?", city, world.passage("person", film.director))]
-        facts = [f"{film.page_title} was directed by {director.name}.", f"{director.name} was born in {city}."]
+        start = film.page_title
+        if variant == 0:
+            company = world.companies[film.company]
+            link, end, second = company.name, world.cities[company.headquarters].name, ("company", film.company)
+            steps = [(f"Which company produced {start}?", f"{start} was produced by {link}."),
+                     (f"Where is {link} headquartered?", f"{link} is headquartered in {end}.")]
+        else:
+            director = world.people[film.director]
+            link, end, second = director.name, world.cities[director.birthplace].name, ("person", film.director)
+            steps = [(f"Who directed {start}?", f"{start} was directed by {link}."),
+                     (f"Where was {link} born?", f"{link} was born in {end}.")]
+        chain = [Hop(steps[0][0], link, world.passage("film", f_idx)), Hop(steps[1][0], end, world.passage(*second))]
+        facts = [fact for _, fact in steps]
     elif variant == 2:
         c_idx = rng.randrange(len(world.companies))
         company = world.companies[c_idx]
