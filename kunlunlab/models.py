@@ -15,6 +15,9 @@ alone, and those three libraries take seconds to import.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import importlib.util
 import json
 import os
@@ -243,3 +246,25 @@ def load_embedder(name_or_path: str | None = None, device: str | None = None):
             f"Cannot load embedder {name_or_path!r}: {err}. Pass a local model folder, or a hub id that is "
             "already in your Hugging Face cache (nothing is downloaded at run time)."
         ) from err
+
+
+def release_host_memory() -> bool:
+    """Collects garbage, then hands the C heap's free pages back to the operating system (glibc's
+    ``malloc_trim``). Why: torch frees a stage's tensors into glibc's heap, which keeps them resident, so each
+    stage of a notebook started from the previous one's peak; in make run's notebook 04 (2026-11-27) the kernel
+    held 4.3 GB after the evaluation before training, 7.0 GB after SFT and 8.3 GB in DAPO. Called between
+    training stages and after evaluations. False where the C library has no ``malloc_trim`` (not glibc)."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # no C library by that name, or one without malloc_trim (musl, macOS)
+        return None

@@ -33,6 +33,7 @@ from kunlunlab.data.loaders import load_benchmark, load_corpus
 from kunlunlab.data.splits import load_splits
 from kunlunlab.eval.compare import ablation_table, table2
 from kunlunlab.eval.harness import EvalConfig, evaluate, make_judge_backend, resolve_corpus
+from kunlunlab.models import release_host_memory
 from kunlunlab.paths import PROJECT_ROOT, shared_data_dir
 from kunlunlab.training.config import load_config
 from kunlunlab.training.router import RouterTrainConfig, train_router
@@ -181,7 +182,6 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
     result = SuiteResult()
 
     def run(dataset: str, name: str, examples, passages, **overrides) -> list[dict]:
-
         config = replace(base, dataset=dataset, limit=len(examples), **overrides)
         path = out_dir / f"{dataset}.{name.replace(' ', '_')}.jsonl"
         t0 = time.perf_counter()
@@ -190,6 +190,7 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
         summary.pop("config", None)
         summary["variant"] = name
         result.summaries.append(summary)
+        release_host_memory()  # each method's rollout caches go back to the OS before the next method runs
         progress(f"{dataset:20} {name:22} EM {summary['em']:.3f} F1 {summary['f1']:.3f} "
                  f"searches {summary['searches_per_question']:.2f} ({time.perf_counter() - t0:.0f} s)")
         return [json.loads(line) for line in path.read_text().splitlines()]

@@ -17,7 +17,6 @@ its last Trainer checkpoint.
 """
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import logging
@@ -37,7 +36,7 @@ from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE, EvalConfig, apply_agent_settings, evaluate
 from kunlunlab.eval.metrics import summarize
-from kunlunlab.models import load_llm, resolve_device, resolve_model_dtype, resolve_train_bf16
+from kunlunlab.models import load_llm, release_host_memory, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
@@ -324,6 +323,7 @@ class TrainingRun:
             result["rl_heldout"] = evaluate_model(self.model, self.tok, self.cfg, data.rl_heldout, data.rl_passages or None,
                                                   "rl_heldout", out / f"eval_{tag}_rl.jsonl", share, self.cfg.retrieval)
         result["seconds"] = round(time.perf_counter() - t0, 1)
+        release_host_memory()  # the rollouts' caches, before the next stage allocates its own
         self.state.set(f"eval_{tag}", result)
         log_scalars(self.cfg.report_to, self.run_dir / "runs" / "eval", f"eval_{tag}", result)
         w = result["world"]
@@ -368,7 +368,7 @@ class TrainingRun:
         the next stage starts from the saved model instead: a second engine on the module the first one wrapped
         would find the first one's gradient hooks still on its parameters."""
         trainer.accelerator.free_memory()
-        gc.collect()
+        release_host_memory()
         if self.device.startswith("cuda"):
 
             torch.cuda.empty_cache()
