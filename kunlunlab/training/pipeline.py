@@ -123,24 +123,26 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     model.eval()
     backend = TransformersBackend(model=model, tokenizer=tokenizer, dtype=cfg.inference_dtype)
     backend.name = cfg.model or "smollm2-135m-instruct"
-    shard = examples[rank::processes]
+    shard = examples[rank::processes]  # empty on a process past the last question: it still joins the gather
     remote = retrieval is not None and retrieval.configured
-    # the world's index kind and embedder stay explicit: with a service or saved index (the real data's) the
-    # checkpoint settings leave them out, and the service is still checked against the run's embedder
-    ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(shard), judge=None, index_kind=cfg.index_kind,
-                                         embedder=cfg.embedder, batch_size=cfg.eval.batch_size, seed=cfg.world_seed,
-                                         retriever_url=retrieval.url if remote else None,
-                                         index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
-    passages = None if remote else passages
     out = Path(out)
     shard_out = out if processes == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
-    summary = evaluate(ec, shard_out, backend=backend, examples=shard, passages=passages, progress=rank == 0)
-    records = [json.loads(line) for line in shard_out.read_text().splitlines()]
+    records, summary = [], {"wall_seconds": 0.0}
+    if shard:
+        # the world's index kind and embedder stay explicit: with a service or saved index (the real data's) the
+        # checkpoint settings leave them out, and the service is still checked against the run's embedder
+        ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(shard), judge=None, index_kind=cfg.index_kind,
+                                             embedder=cfg.embedder, batch_size=cfg.eval.batch_size,
+                                             seed=cfg.world_seed, retriever_url=retrieval.url if remote else None,
+                                             index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
+        summary = evaluate(ec, shard_out, backend=backend, examples=shard, passages=None if remote else passages,
+                           progress=rank == 0)
+        records = [json.loads(line) for line in shard_out.read_text().splitlines()]
     if processes > 1:
         parts = gather_across([(records, summary["wall_seconds"])], processes)
         order = {ex.id: i for i, ex in enumerate(examples)}
         records = sorted((r for part, _ in parts for r in part), key=lambda r: order[r["id"]])
-        shard_out.unlink()
+        shard_out.unlink(missing_ok=True)
         if rank == 0:
             write_log(out, records)
         summary = {**summarize(records), "wall_seconds": max(seconds for _, seconds in parts)}

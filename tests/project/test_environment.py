@@ -1,5 +1,4 @@
 """environment.yml and pyproject.toml must name the same packages."""
-import gc
 import re
 import tomllib
 
@@ -59,12 +58,12 @@ def test_released_host_memory_goes_back_to_the_operating_system():
     """Between training stages and evaluations the freed heap is returned (glibc's malloc_trim), so a notebook's
     kernel does not carry one stage's peak into the next; 512 MB of 64 KB tensors (below glibc's mmap
     threshold, so on the heap) leave the process's resident memory when released."""
+    if not release_host_memory():  # a trimmed start: in a long test session the heap holds others' free pages
+        pytest.skip("no malloc_trim in this C library (not glibc)")
     process = psutil.Process()
     before = process.memory_info().rss
     tensors = [torch.ones(16 * 1024) for _ in range(8000)]
-    assert process.memory_info().rss - before > 400 * 2**20
+    assert process.memory_info().rss - before > 300 * 2**20
     del tensors
-    gc.collect()
-    if not release_host_memory():
-        pytest.skip("no malloc_trim in this C library (not glibc)")
+    release_host_memory()
     assert process.memory_info().rss - before < 100 * 2**20
