@@ -54,7 +54,7 @@ from IPython.display import HTML, display
 from kunlunlab.paths import notebook_run_dir
 from kunlunlab.training.config import TrainConfig
 from kunlunlab.training.pipeline import TrainingRun, run_config
-from kunlunlab.training.records import training_logs
+from kunlunlab.training.records import heldout_records, training_logs
 from kunlunlab.viz import (before_after_figure, before_after_html, config_table_html, data_figure, render_trajectory,
                            save_figure, sft_loss_figure, training_curves)
 
@@ -182,9 +182,8 @@ fig
 # mode the trained model chose on each kind of question, and one of its long answers.
 
 # %%
-summary_records = [json.loads(line) for line in (run_dir / "eval_after_summary.jsonl").read_text().splitlines()] \
-    if (run_dir / "eval_after_summary.jsonl").is_file() else []
-factoid_records = [json.loads(line) for line in (run_dir / "eval_after_world.jsonl").read_text().splitlines()]
+summary_records = heldout_records(run_dir, "world_summary") if cfg.eval.summary_questions else []
+factoid_records = heldout_records(run_dir, "world")
 for name, rows in (("factoid", factoid_records), ("summary-oriented", summary_records)):
     modes = [r.get("answer_mode") for r in rows]
     print(f"{name:>16}: {len(rows)} questions, long {modes.count('long')}, short {modes.count('short')}, "
