@@ -34,14 +34,27 @@ class SFTStageConfig:
 
     enabled: bool = True
     learning_rate: float = 3e-4      # measured: 3e-4 vs 1e-4 took held-out EM after SFT from 15 to 32.5 (embedded model)
-    batch_size: int = 4
+    batch_size: int = 4              # sequences per device and accumulation step, batched by similar length
     grad_accum: int = 1
+    micro_batch_size: int | None = None  # sequences per forward/backward (None: batch_size); a divisor of
+                                     # batch_size fed as gradient accumulation, so an optimizer step sees the same
+                                     # sequences and the same token-mean loss at a fraction of the peak memory
     warmup_ratio: float = 0.05
     train_layers: int | None = None  # train only the top N decoder layers (None: all); embeddings stay frozen
     max_length: int = 1280           # whole-agent samples (RDRA background + 4-hop chains) reach ~1.2k tokens
     max_steps: int = -1              # -1: one pass over the mixed epochs, in schedule order
     save_steps: int = 10
     logging_steps: int = 1
+
+    def __post_init__(self):
+        micro = self.micro_batch_size
+        if micro is not None and (micro < 1 or self.batch_size % micro):
+            raise ValueError(f"sft.micro_batch_size={micro} must be a positive divisor of sft.batch_size={self.batch_size}")
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Forward/backward passes per optimizer step: ``grad_accum`` batches, each in micro-batches."""
+        return self.grad_accum * (self.batch_size // (self.micro_batch_size or self.batch_size))
 
 
 @dataclass

@@ -370,10 +370,6 @@ class TrainingRun:
         the next stage starts from the saved model instead: a second engine on the module the first one wrapped
         would find the first one's gradient hooks still on its parameters."""
         trainer.accelerator.free_memory()
-        release_host_memory()
-        if self.device.startswith("cuda"):
-
-            torch.cuda.empty_cache()
         if self.cfg.deepspeed:
             self.model, self.tok = self._load(final)
             self._frozen = False
@@ -402,6 +398,12 @@ class TrainingRun:
         self.state.set(f"{stage}_done", True)
         self.say(f"{stage.upper()} done: {self.steps[stage]} steps in {self.timings[stage]} s")
         self._release(trainer, trained, final)
+        # The stage methods hand the trainer straight in, so this frame holds the last reference: dropped here,
+        # its optimizer state and the stage's freed activations go back to the system before the next stage.
+        del trainer, trained
+        release_host_memory()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
     def sft(self) -> None:
         """Stage 1, format cold start: TRL ``SFTTrainer`` on the mixed trajectories (loss on model tokens only)."""
@@ -420,9 +422,8 @@ class TrainingRun:
         self.model.train()
         dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
         self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
-        trainer = run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
-                          callbacks=self.sft_callbacks, **self._trainer_options())
-        self._finish_stage("sft", trainer, final, t0)
+        self._finish_stage("sft", run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
+                                          callbacks=self.sft_callbacks, **self._trainer_options()), final, t0)
 
     def _resumed(self, stage: str) -> bool:
         """A stage after SFT that already finished: its final model is loaded and True returned. Otherwise the
@@ -471,9 +472,8 @@ class TrainingRun:
             raise RuntimeError(f"{NO_PAIRS} (every sibling scored the same); "
                                "raise prl.mcts.iterations / children_per_node or start from a trained model")
         self.model.train()
-        trainer = run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed,
-                          **self._trainer_options())
-        self._finish_stage("prl", trainer, final, t0)
+        self._finish_stage("prl", run_dpo(self.model, self.tok, rows, cfg.prl.dpo, self.run_dir / "prl", cfg.seed,
+                                          **self._trainer_options()), final, t0)
 
     def dapo(self) -> None:
         """Stage 2: DAPO through TRL's ``GRPOTrainer``, rollouts by the agent (RDRA + STIE for ``kunlun``)."""
@@ -497,10 +497,9 @@ class TrainingRun:
                                 routes={q: real_search for q in real} if real_search else None,
                                 facts={q.question: list(q.facts) for q in pool if q.facts})
         dataset = rl_dataset([q.question for q in pool], [q.answers for q in pool])
-        trainer = run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards, self.run_dir / "dapo",
-                           cfg.seed, callbacks=self.dapo_callbacks, world_size=self.plan.world_size,
-                           **self._trainer_options())
-        self._finish_stage("dapo", trainer, final, t0)
+        self._finish_stage("dapo", run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards,
+                                            self.run_dir / "dapo", cfg.seed, callbacks=self.dapo_callbacks,
+                                            world_size=self.plan.world_size, **self._trainer_options()), final, t0)
 
     def finish(self) -> dict:
         """``training_summary.json`` from the evaluations before and after and the stages' seconds and steps."""

@@ -6,12 +6,12 @@ A tiny randomly initialised Llama (the embedded tokenizer's vocabulary) and a fi
 completions and rewards for every geometry, so only the geometry differs."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from kunlunlab.models import load_llm
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.dapo import rl_dataset, run_dapo
 from kunlunlab.training.rewards import RewardConfig
+from tiny_training import KeepGradients, tiny_llama
 
 QUESTIONS = [f"question {i}" for i in range(8)]
 
@@ -19,14 +19,6 @@ QUESTIONS = [f"question {i}" for i in range(8)]
 @pytest.fixture(scope="module")
 def tokenizer():
     return load_llm()[1]
-
-
-def _tiny_model(tokenizer):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True)
-    return LlamaForCausalLM(config)
 
 
 def fixed_rollout(prompts, trainer):
@@ -47,18 +39,8 @@ def length_reward(prompts, completions, completion_ids, **kwargs):
     return [float(len(ids)) for ids in completion_ids]
 
 
-class KeepGradients(TrainerCallback):
-    """The summed gradients of every optimizer step, taken just before the optimizer uses them."""
-
-    def __init__(self):
-        self.steps = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-
-
 def _train(tokenizer, tmp_path, name, **dapo):
-    model = _tiny_model(tokenizer)
+    model = tiny_llama(tokenizer)
     cfg = DAPOStageConfig(**{"prompts_per_step": 2, "num_generations": 4, "dynamic_sampling": False,
                              "save_steps": 100, "learning_rate": 1e-3, "steps": 1, **dapo})
     grads = KeepGradients()
