@@ -250,10 +250,10 @@ def load_embedder(name_or_path: str | None = None, device: str | None = None):
 
 def release_host_memory() -> bool:
     """Collects garbage, then hands the C heap's free pages back to the operating system (glibc's
-    ``malloc_trim``). Why: torch frees a stage's tensors into glibc's heap, which keeps them resident, so each
-    stage of a notebook started from the previous one's peak; in make run's notebook 04 (2026-11-27) the kernel
-    held 4.3 GB after the evaluation before training, 7.0 GB after SFT and 8.3 GB in DAPO. Called between
-    training stages and after evaluations. False where the C library has no ``malloc_trim`` (not glibc)."""
+    ``malloc_trim``). Why: torch frees a stage's tensors into glibc's heap, which keeps them resident, so without
+    it each stage of a notebook starts from the previous one's peak (docs/training.md, Memory on CPU). Called
+    after each training stage has dropped its trainer and after evaluations. False where the C library has no
+    ``malloc_trim`` (not glibc)."""
     gc.collect()
     trim = _malloc_trim()
     if trim is None:
