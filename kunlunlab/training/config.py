@@ -52,9 +52,14 @@ class SFTStageConfig:
             raise ValueError(f"sft.micro_batch_size={micro} must be a positive divisor of sft.batch_size={self.batch_size}")
 
     @property
+    def forward_batch_size(self) -> int:
+        """Sequences per forward/backward: the micro-batch, else the whole batch."""
+        return self.micro_batch_size or self.batch_size
+
+    @property
     def accumulation_steps(self) -> int:
         """Forward/backward passes per optimizer step: ``grad_accum`` batches, each in micro-batches."""
-        return self.grad_accum * (self.batch_size // (self.micro_batch_size or self.batch_size))
+        return self.grad_accum * (self.batch_size // self.forward_batch_size)
 
 
 @dataclass

@@ -66,7 +66,7 @@ def freeze_for_sft(model, train_layers: int | None) -> int:
 def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = False, deepspeed: str | None = None,
              gradient_checkpointing: bool = False, report_to: list[str] | None = None):
     return SFTConfig(
-        output_dir=str(output_dir), per_device_train_batch_size=cfg.micro_batch_size or cfg.batch_size,
+        output_dir=str(output_dir), per_device_train_batch_size=cfg.forward_batch_size,
         gradient_accumulation_steps=cfg.accumulation_steps, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
         lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
         completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,

@@ -22,8 +22,12 @@ def _rows():
     return Dataset.from_list(rows)
 
 
-def _step(tmp_path, name, **sft):
-    tokenizer = load_llm()[1]
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_llm()[1]
+
+
+def _step(tokenizer, tmp_path, name, **sft):
     grads = KeepGradients()
     cfg = SFTStageConfig(**{"batch_size": 4, "learning_rate": 1e-3, "max_steps": 1, "save_steps": 100,
                             "max_length": 64, **sft})
@@ -32,9 +36,9 @@ def _step(tmp_path, name, **sft):
     return trainer, loss, grads.steps
 
 
-def test_micro_batches_give_the_whole_batch_loss_and_gradients(tmp_path):
-    whole, whole_loss, whole_grads = _step(tmp_path, "whole")
-    micro, micro_loss, micro_grads = _step(tmp_path, "micro", micro_batch_size=2)
+def test_micro_batches_give_the_whole_batch_loss_and_gradients(tokenizer, tmp_path):
+    whole, whole_loss, whole_grads = _step(tokenizer, tmp_path, "whole")
+    micro, micro_loss, micro_grads = _step(tokenizer, tmp_path, "micro", micro_batch_size=2)
     assert (whole.args.per_device_train_batch_size, whole.args.gradient_accumulation_steps) == (4, 1)
     assert (micro.args.per_device_train_batch_size, micro.args.gradient_accumulation_steps) == (2, 2)
     assert len(whole_loss) == len(micro_loss) == 1 and len(whole_grads) == len(micro_grads) == 1
