@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -11,6 +12,22 @@ import pytest
 
 from kunlunlab.data import World, make_questions
 from kunlunlab.paths import shared_data_dir
+
+
+@pytest.fixture(scope="module")
+def module_scratch(tmp_path_factory):
+    """Makes folders for a module's shared fixtures and removes them when the module ends: a training run writes
+    models of ~0.5 GB, and pytest keeps ``tmp_path_factory``'s folders to the end of the session (a CI machine
+    ran out of disk)."""
+    made = []
+
+    def make(name: str):
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

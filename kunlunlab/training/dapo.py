@@ -377,13 +377,14 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
     (``world_size``: training processes, default this launch's); event files of ``report_to`` go to
     ``output_dir/runs``."""
     plan = batch_plan(cfg, world_size or world_size_from_env())
+    # one checkpoint is enough to resume: the Trainer writes the new one before it deletes the old
     return GRPOConfig(
         output_dir=str(output_dir), loss_type="dapo", epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         beta=cfg.beta, num_generations=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
         **plan.trl_args(),
         learning_rate=cfg.learning_rate, max_steps=cfg.steps, max_completion_length=cfg.max_total_tokens + 1,
         reward_weights=reward_weights or rewards.weights, scale_rewards="group", mask_truncated_completions=False,
-        logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2,
+        logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1,
         report_to=list(report_to or []), seed=seed, bf16=bf16,
         deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing,
         use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_url, disable_tqdm=True, dataloader_num_workers=0,

@@ -109,12 +109,13 @@ def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = 
     import torch  # deferred: training.config imports this module
     from trl import DPOConfig  # deferred: training.config imports this module
 
+    # one checkpoint is enough to resume: the Trainer writes the new one before it deletes the old
     return DPOConfig(
         output_dir=str(output_dir), loss_type=["sigmoid"], beta=cfg.beta, learning_rate=cfg.learning_rate,
         per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.grad_accum,
         max_steps=cfg.steps, num_train_epochs=cfg.epochs, max_length=cfg.max_length, lr_scheduler_type="constant",
         precompute_ref_log_probs=cfg.precompute_ref_log_probs, logging_steps=cfg.logging_steps,
-        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed, bf16=bf16,
+        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1, report_to=list(report_to or []), seed=seed, bf16=bf16,
         deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, disable_tqdm=True,
         dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
     )

@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -378,7 +379,8 @@ class TrainingRun:
 
     def _finish_stage(self, stage: str, trainer, final: Path, t0: float) -> None:
         """The final model (with LoRA: the weights with the adapter merged), the Trainer log, seconds and steps,
-        and the stage marked done in state.json; then the trainer is released (:meth:`_release`)."""
+        and the stage marked done in state.json; the stage's ``checkpoint-*`` folders (model and optimizer state,
+        there only to resume an interrupted stage) are removed; then the trainer is released (:meth:`_release`)."""
         trained = trainer.accelerator.unwrap_model(trainer.model)
         if self.cfg.lora.enabled:  # the whole merged model, not the adapter alone, so eval reads it as any model
             trained = trained.merge_and_unload()
@@ -396,6 +398,9 @@ class TrainingRun:
         self.state.set("seconds", self.timings)
         self.state.set("steps", self.steps)
         self.state.set(f"{stage}_done", True)
+        if self.main_process:  # a finished stage resumes from its final model: the checkpoints are dead weight
+            for checkpoint in (self.run_dir / stage).glob("checkpoint-*"):
+                shutil.rmtree(checkpoint)
         self.say(f"{stage.upper()} done: {self.steps[stage]} steps in {self.timings[stage]} s")
         self._release(trainer, trained, final)
         # The stage methods hand the trainer straight in, so this frame holds the last reference: dropped here,

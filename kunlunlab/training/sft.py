@@ -65,12 +65,13 @@ def freeze_for_sft(model, train_layers: int | None) -> int:
 
 def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = False, deepspeed: str | None = None,
              gradient_checkpointing: bool = False, report_to: list[str] | None = None):
+    # one checkpoint is enough to resume: the Trainer writes the new one before it deletes the old
     return SFTConfig(
         output_dir=str(output_dir), per_device_train_batch_size=cfg.forward_batch_size,
         gradient_accumulation_steps=cfg.accumulation_steps, learning_rate=cfg.learning_rate, warmup_steps=cfg.warmup_ratio,
         lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
         completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,
-        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=2, report_to=list(report_to or []), seed=seed,
+        save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1, report_to=list(report_to or []), seed=seed,
         bf16=bf16, deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
         disable_tqdm=True, use_cpu=not _has_accelerator(),
     )

@@ -128,12 +128,12 @@ def _launch_args() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, generation_server):
+def runs(module_scratch, generation_server):
     missing = _gloo_missing()
     if missing:
         pytest.skip(missing)
     server, log = generation_server
-    multi = tmp_path_factory.mktemp("multi")
+    multi = module_scratch("multi")
     # the server has converted the embedded model into the cache already (two ranks converting it at the same
     # time would race on the cache folder)
     launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi, server)], "accelerate launch")
@@ -163,7 +163,8 @@ def test_both_ranks_finish_both_stages(runs):
     assert state["sft_done"] and state["dapo_done"]
     assert state["steps"] == {"sft": 2, "dapo": 1}
     assert (multi / "training_summary.json").is_file()  # the main process evaluated after training
-    assert (multi / "sft" / "checkpoint-2").is_dir()
+    # finished stages keep their final model; their resumption checkpoints are removed
+    assert (multi / "sft" / "final").is_dir() and not list(multi.glob("*/checkpoint-*"))
     # both processes mixed the same data and one wrote it whole: every trajectory the summary counts
     summary = json.loads((multi / "training_summary.json").read_text())
     assert len(_jsonl(multi / "trajectories.jsonl")) == summary["trajectories"] > 0

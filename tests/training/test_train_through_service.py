@@ -61,10 +61,10 @@ def _searched(path) -> int:
 
 
 @pytest.fixture(scope="module")
-def trained(service, data_dir, tmp_path_factory):
+def trained(service, data_dir, module_scratch):
     """The run, stage by stage, with the service's queries counted per stage."""
     url, counter = service
-    tmp_path = tmp_path_factory.mktemp("service_run")
+    tmp_path = module_scratch("service_run")
     cfg = load_config(None, _overrides(url, data_dir))
     before = passages_embedded()
     run = TrainingRun(cfg, tmp_path)

@@ -130,7 +130,8 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch)
         train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2)])
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["sft_done"] and not state.get("dapo_done") and "eval_before" in state
-    assert (tmp_path / "dapo" / "checkpoint-1").is_dir()
+    assert (tmp_path / "dapo" / "checkpoint-1").is_dir()  # the interrupted stage can resume; the finished one
+    assert (tmp_path / "sft" / "final").is_dir() and not list((tmp_path / "sft").glob("checkpoint-*"))  # need not
 
     from kunlunlab.cli import main
 
@@ -144,6 +145,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch)
     assert summary["world_summary"]["n"] == 1 and (tmp_path / "eval_after_summary.jsonl").is_file()
     rollouts = [json.loads(line) for line in (tmp_path / "dapo_rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {0, 1}
+    assert (tmp_path / "dapo" / "final").is_dir() and not list(tmp_path.glob("*/checkpoint-*"))
 
     # the same folder with another config is refused (it would hand back this run's models), not resumed
     saved = (tmp_path / "train_config.json").read_text()
