@@ -1,18 +1,24 @@
-import time
-
 import pytest
 
 from kunlunlab import models
 
 
-def test_embedded_llm_loads_from_cached_safetensors():
+def test_embedded_llm_loads_from_cached_safetensors(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
     models.converted_llm_dir()  # converts once (cached for the session and later runs)
-    start = time.perf_counter()
+    real, sources = AutoModelForCausalLM.from_pretrained, []
+
+    def recording(source, *args, **kwargs):
+        sources.append((str(source), kwargs.get("gguf_file")))
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
     model, tokenizer = models.load_llm()
-    load_s = time.perf_counter() - start
     assert model.config.model_type == "llama" and tokenizer.pad_token is not None
+    # the cached checkpoint is read, not the GGUF dequantised again (~30 s)
+    assert sources == [(str(models.converted_llm_dir()), None)]
     assert (models.converted_llm_dir() / "model.safetensors").is_file()
-    assert load_s < 5.0  # the cached checkpoint, not a fresh GGUF dequantisation (~30 s)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                         add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
