@@ -192,7 +192,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from kunlunlab.models import ModelNotAvailableError
     from kunlunlab.paths import new_run_dir
     from kunlunlab.retrieval.encoder import passages_embedded
-    from kunlunlab.retrieval.service import RetrievalServiceError
+    from kunlunlab.retrieval.client import RetrievalServiceError
 
     try:  # unknown method or key, malformed config file or kunlunlab_agent.json, bad numbers
         config = eval_config_from_args(args)
@@ -244,7 +244,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     import logging
 
     from kunlunlab.paths import new_run_dir
-    from kunlunlab.retrieval.service import RetrievalServiceError
+    from kunlunlab.retrieval.client import RetrievalServiceError
     from kunlunlab.retrieval.store import IndexMismatchError
     from kunlunlab.training.pipeline import RunFolderConflict, run_config, train, training_plan
 
@@ -273,7 +273,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """A kept training result rerun by name (``experiments/configs/runs/<name>.json``), the runs it starts
     from first; without a name, the names and what each reproduces."""
     from kunlunlab.models import ModelNotAvailableError
-    from kunlunlab.retrieval.service import RetrievalServiceError
+    from kunlunlab.retrieval.client import RetrievalServiceError
     from kunlunlab.training.pipeline import SMOKE_OVERRIDES, RunFolderConflict
     from kunlunlab.training.reruns import UnknownRunError, read_run_config, rerun, rerun_plan, run_names
 

@@ -24,7 +24,7 @@ from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
 from kunlunlab.agent.stie import STIEConfig, STIEController
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.retrieval.client import RetrievalServiceError
 
 
 @dataclass

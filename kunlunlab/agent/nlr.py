@@ -56,7 +56,7 @@ import torch
 
 from kunlunlab.data.types import Passage
 from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever, build_retriever
-from kunlunlab.retrieval.service import RetrievalServiceError, ServiceThread
+from kunlunlab.retrieval.client import RetrievalServiceError
 
 log = logging.getLogger(__name__)
 ACTIONS = ("local", "network", "both")
@@ -438,8 +438,10 @@ def network_tier(passages: Sequence[Passage] | None = None, added_latency_ms: fl
     Serves ``retriever`` (or one built over ``passages`` with index ``kind``; ``embedder`` for the dense
     kinds) with the retrieval service on 127.0.0.1 (a free port unless ``port``), each request delayed
     by ``added_latency_ms`` to stand for a slower web search; yields the URL for
-    :class:`~kunlunlab.retrieval.service.RetrievalClient`; stops the server when the block ends.
+    :class:`~kunlunlab.retrieval.client.RetrievalClient`; stops the server when the block ends.
     """
+    from kunlunlab.retrieval.service import ServiceThread  # deferred: only serving needs the web stack
+
     if (passages is None) == (retriever is None):
         raise ValueError("give either passages or a retriever")
     if retriever is None:

@@ -39,7 +39,7 @@ from typing import Sequence
 from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import PLAN_SYSTEM, PLAN_USER_TEMPLATE, numbered_docs
 from kunlunlab.agent.rollout import SearchFn
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.retrieval.client import RetrievalServiceError
 
 
 @dataclass

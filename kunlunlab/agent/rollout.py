@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 from kunlunlab.agent.backends import (AnswerBlock, Backend, GenerationSession, SamplingConfig, Segment, mean_confidence,
                                       text_ids)
 from kunlunlab.agent.protocol import RESULT_TEMPLATE, Turn, format_results, parse_turn
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.retrieval.client import RetrievalServiceError
 
 log = logging.getLogger(__name__)
 

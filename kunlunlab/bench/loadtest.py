@@ -22,7 +22,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from kunlunlab.retrieval.service import RETRY_STATUSES, retry_delay
+from kunlunlab.retrieval.client import RETRY_STATUSES, retry_delay
 
 
 async def _post(http: httpx.AsyncClient, endpoint: str, payload: dict, retries: int, backoff: float,

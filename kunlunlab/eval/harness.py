@@ -81,7 +81,7 @@ from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, e
 from kunlunlab.paths import shared_data_dir
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
-from kunlunlab.retrieval.service import RemoteRetriever, RetrievalClient, RetrievalServiceError
+from kunlunlab.retrieval.client import RemoteRetriever, RetrievalClient, RetrievalServiceError
 
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)

@@ -5,7 +5,7 @@ from kunlunlab.retrieval.factory import RetrievalPreset, load_preset, open_retri
 from kunlunlab.retrieval.indexes import (BM25Index, FlatIndex, HNSWConfig, HNSWIndex, IVFPQConfig, IVFPQIndex,
                                         TorchFlatIndex)
 from kunlunlab.retrieval.retriever import INDEX_KINDS, Hit, IndexConfig, Retriever, build_retriever
-from kunlunlab.retrieval.service import RemoteRetriever, RetrievalServiceError
+from kunlunlab.retrieval.client import RemoteRetriever, RetrievalServiceError
 from kunlunlab.retrieval.store import IndexMismatchError, load_retriever, read_manifest, save_retriever
 
 __all__ = ["BM25Index", "ClusterConfig", "ClusterRetriever", "Encoder", "FlatIndex", "HNSWConfig", "HNSWIndex",

@@ -18,7 +18,7 @@ from typing import Sequence
 from kunlunlab.configs import build_dataclass, read_config_file
 from kunlunlab.data.types import Passage
 from kunlunlab.retrieval.retriever import IndexConfig, Retriever, build_retriever
-from kunlunlab.retrieval.service import RemoteRetriever
+from kunlunlab.retrieval.client import RemoteRetriever
 from kunlunlab.retrieval.store import load_retriever
 
 

@@ -31,7 +31,7 @@ from kunlunlab.agent.nlr import (ACTIONS, BOTH, FAILURE_FEATURE, LOCAL, MAX_FAIL
                                  NetworkLocalRouter, RoutingPolicy, RoutingTable, network_tier, routing_reward)
 from kunlunlab.data import World, make_questions
 from kunlunlab.retrieval import Encoder, IndexConfig, build_retriever, corpus_embeddings
-from kunlunlab.retrieval.service import RetrievalClient, RetrievalServiceError
+from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError
 
 log = logging.getLogger(__name__)
 

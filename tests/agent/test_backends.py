@@ -7,7 +7,8 @@ from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.server import create_app
 from kunlunlab.agent.transformers_backend import _shared_prefix_length
-from kunlunlab.retrieval.service import ServiceThread, free_port
+from kunlunlab.retrieval.client import free_port
+from kunlunlab.retrieval.service import ServiceThread
 
 QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "Name a primary colour."]
 

@@ -13,7 +13,8 @@ from kunlunlab.agent.nlr import (ACTIONS, FAILURE_FEATURE, N_FEATURES, NLRConfig
                                  state_features)
 from kunlunlab.retrieval import IndexConfig, build_retriever
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.service import RetrievalClient, RetrievalServiceError, ServiceThread, free_port
+from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError, free_port
+from kunlunlab.retrieval.service import ServiceThread
 
 
 def test_reward_is_relative_recall_gain_plus_relative_latency_saving():

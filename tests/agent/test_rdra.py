@@ -2,7 +2,7 @@
 and the number of searches actually sent."""
 from kunlunlab.agent.rdra import RDRAConfig, joint_context, plan_queries, rdra_contexts
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.service import RetrievalServiceError
+from kunlunlab.retrieval.client import RetrievalServiceError
 from scripted import ScriptedBackend
 
 

@@ -4,7 +4,7 @@ import pytest
 from kunlunlab.agent.backends import chat_prompt_ids, text_ids
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
-from kunlunlab.retrieval.service import RetrievalClient, free_port
+from kunlunlab.retrieval.client import RetrievalClient, free_port
 from scripted import CountingSearch, ScriptedBackend, interleaved
 
 

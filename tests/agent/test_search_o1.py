@@ -13,7 +13,8 @@ from kunlunlab.configs import apply_overrides, build_dataclass
 from kunlunlab.eval.harness import EvalConfig, build_pipeline
 from kunlunlab.eval.metrics import title_recall_curve
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.service import RetrievalServiceError, ServiceThread
+from kunlunlab.retrieval.client import RetrievalServiceError
+from kunlunlab.retrieval.service import ServiceThread
 from scripted import CharTokenizer, CountingSearch, PrefixScriptedBackend
 
 CHAIN = {  # row -> (first turn, turn after a result); the method's assistant prefix "<think>" opens each reply

@@ -19,7 +19,7 @@ from kunlunlab.agent.stie import STIEConfig, STIEController, words
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.bench import AnswerBlockBenchConfig, bench_answer_block
 from kunlunlab.models import resolve_llm
-from kunlunlab.retrieval.service import free_port
+from kunlunlab.retrieval.client import free_port
 from scripted import CountingSearch, PolicyModel
 
 

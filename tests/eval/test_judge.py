@@ -13,7 +13,8 @@ from kunlunlab.cli import build_parser, eval_config_from_args, main
 from kunlunlab.eval.harness import EvalConfig, make_judge_backend
 from kunlunlab.eval.judge import JUDGE_SYSTEM, ChatJudgeBackend, JudgeServiceError
 from kunlunlab.models import resolve_llm
-from kunlunlab.retrieval.service import ServiceThread, free_port
+from kunlunlab.retrieval.client import free_port
+from kunlunlab.retrieval.service import ServiceThread
 
 PREDICTION = "Qxzzyv"  # no world gold answer matches it, so no verdict comes from the rules
 

@@ -15,7 +15,8 @@ from kunlunlab.data.loaders import load_corpus, load_named_corpus
 from kunlunlab.eval.harness import EvalConfig, ServiceSearch, open_eval_retriever
 from kunlunlab.retrieval import (IndexConfig, IndexMismatchError, RemoteRetriever, Retriever, RetrievalServiceError,
                                  build_retriever, load_retriever, open_retriever, passages_embedded, save_retriever)
-from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread, free_port
+from kunlunlab.retrieval.client import free_port
+from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread
 
 
 @pytest.fixture(scope="module")

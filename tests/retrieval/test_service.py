@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse
 from kunlunlab.cli import main as cli_main
 from kunlunlab.retrieval import Hit, IndexConfig, build_retriever, load_retriever, save_retriever
 from kunlunlab.bench.loadtest import run_load
-from kunlunlab.retrieval.service import (RetrievalClient, RetrievalServiceError, ServiceThread, create_app,
-                                         free_port)
+from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError, free_port
+from kunlunlab.retrieval.service import ServiceThread, create_app
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from kunlunlab.agent.backends import text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE
 from kunlunlab.agent.rollout import RolloutConfig, result_block
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.service import free_port
+from kunlunlab.retrieval.client import free_port
 from kunlunlab.training.path_judge import JudgeUnavailableError, PathJudge
 from kunlunlab.training.preferences import preference_pairs, read_preferences, write_preferences, write_trees
 from kunlunlab.training.process_rewards import (MCTSConfig, SearchTree, StepNode, StepTreeSearch, gold_coverage,

@@ -17,7 +17,8 @@ from kunlunlab.cli import main
 from kunlunlab.data.loaders import load_named_corpus
 from kunlunlab.models import load_llm
 from kunlunlab.retrieval import IndexConfig, build_retriever, passages_embedded
-from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread, free_port
+from kunlunlab.retrieval.client import free_port
+from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread
 from kunlunlab.training.config import load_config
 from kunlunlab.training.pipeline import SMOKE_OVERRIDES, TrainingRun, rl_prompt_pool
 
