@@ -7,6 +7,21 @@ import argparse
 CHECKPOINT_DEFAULT = " (default: the checkpoint's kunlunlab_agent.json, else %s)"  # eval and suite flags
 
 
+def count(minimum: int):
+    """An argparse type: an integer of at least ``minimum`` (a size of 0 or -4 is refused as the flag is read)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {minimum}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 def build_index_parser(sub) -> argparse.ArgumentParser:
     from kunlunlab.retrieval.clustered import NLIST_METHODS  # deferred: loaded only when the parser is built
     from kunlunlab.retrieval.retriever import INDEX_KINDS
@@ -14,8 +29,8 @@ def build_index_parser(sub) -> argparse.ArgumentParser:
     b = sub.add_parser("build-index", help="embed a corpus and build an index (notebook 01)")
     b.add_argument("--corpus", default=None, help="'world' (default), 'hotpotqa_distractor', '2wiki' or a corpus "
                                                   "file (FlashRAG {id, contents} jsonl; default with --preset: its corpus)")
-    b.add_argument("--n", type=int, default=20_000, help="passages, for the synthetic world")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--n", type=count(1), default=20_000, help="passages, for the synthetic world")
+    b.add_argument("--seed", type=count(0), default=0)
     b.add_argument("--preset", default=None, metavar="JSON",
                    help="a published setting's index (embedder, its prefixes, kind), e.g. "
                         "experiments/configs/presets/search_r1_e5.json; not with --kind / --embedder")
@@ -23,27 +38,30 @@ def build_index_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--embedder", default=None, help="hub id or local path (default: embedded all-MiniLM-L6-v2)")
     b.add_argument("--device", default=None, help="cpu (default), cuda, cuda:N or auto (cuda when torch sees a GPU): "
                                                   "where passages are embedded and a flat index is built")
-    b.add_argument("--nlist", type=int, default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
+    b.add_argument("--nlist", type=count(0), default=0, help="clusters (0: about 2*sqrt(n) for the cluster retriever, 1024 for IVF-PQ)")
     b.add_argument("--nlist-method", default="sqrt", choices=NLIST_METHODS,
                    help="cluster retriever with --nlist 0: 2*sqrt(n), or chosen by the elbow of k-means inertia or "
                         "the best silhouette on a sample (paper §3.1.1)")
-    b.add_argument("--pq-m", type=int, default=48, help="bytes of scan code per vector")
-    b.add_argument("--nprobe", type=int, default=16, help="IVF-PQ clusters scanned per query")
-    b.add_argument("--candidate-budget", type=int, default=112, help="cluster retriever: re-ranked candidates")
+    b.add_argument("--pq-m", type=count(1), default=48, help="bytes of scan code per vector")
+    b.add_argument("--nprobe", type=count(1), default=16, help="IVF-PQ clusters scanned per query")
+    b.add_argument("--candidate-budget", type=count(0), default=112, help="cluster retriever: re-ranked candidates")
     b.add_argument("--passage-precision", default=None, choices=("float32", "bfloat16", "auto"),
                    help="the embedder's precision for the corpus: bfloat16 is 3.1x faster on CPUs that multiply it "
                         "natively (cosine >= 0.998 to float32); auto: bfloat16 there, else float32")
-    b.add_argument("--out", required=True)
+    b.add_argument("--out", required=True, help="the index folder: new or empty, or one holding an index with "
+                                                 "--overwrite (built beside it and renamed at the end)")
+    b.add_argument("--overwrite", action="store_true", help="replace the index --out holds (its files are removed "
+                                                            "once the new one is in place)")
     b.add_argument("--engine", default="inprocess", choices=("inprocess", "stream", "ray"),
                    help="inprocess: embed and build in memory (default, fastest for small corpora); stream: the "
                         "corpus streams from disk, embedded in shards here; ray: embedded by a Ray Data actor pool "
                         "(local, or a cluster with --address)")
     b.add_argument("--address", default=None, help="ray: the cluster to join ('auto' on a node of it, or "
                                                     "ray://head:10001); default a local Ray")
-    b.add_argument("--num-cpus", type=int, default=None, help="ray without --address: CPUs of the local Ray")
-    b.add_argument("--actors", type=int, default=0, help="ray: embedder actors (0: one per GPU, else CPUs - 1)")
-    b.add_argument("--shard-rows", type=int, default=50_000, help="stream/ray: vectors per embedding shard")
-    b.add_argument("--block-rows", type=int, default=1024, help="stream/ray: passages per embedding call")
+    b.add_argument("--num-cpus", type=count(1), default=None, help="ray without --address: CPUs of the local Ray")
+    b.add_argument("--actors", type=count(0), default=0, help="ray: embedder actors (0: one per GPU, else CPUs - 1)")
+    b.add_argument("--shard-rows", type=count(1), default=50_000, help="stream/ray: vectors per embedding shard")
+    b.add_argument("--block-rows", type=count(1), default=1024, help="stream/ray: passages per embedding call")
     b.add_argument("--keep-shards", action="store_true", help="stream/ray: keep <out>/shards after the build")
     return b
 
@@ -69,6 +87,13 @@ def serve_retriever_parser(sub) -> argparse.ArgumentParser:
                         "README, bench service)")
     s.add_argument("--threads", type=int, default=0, help="torch/FAISS threads (0: their defaults; 1 leaves the "
                                                           "other cores to the HTTP server on a small machine)")
+    s.add_argument("--max-batch-chars", type=int, default=8192,
+                   help="query characters per batched search (64 queries of 128 characters, 4 of 2048): a large "
+                        "request is searched in slices this big, so a small request behind it waits for one slice")
+    s.add_argument("--max-body-bytes", type=int, default=None,
+                   help="larger request bodies get 413 before they are read (default: the largest valid request)")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /retrieve (default: "
+                   "$KUNLUNLAB_RETRIEVER_API_KEY, else none; the clients send that variable too)")
     return s
 
 
@@ -82,6 +107,18 @@ def serve_llm_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--device", default="auto", help="auto (this process's CUDA GPU when present), cpu, cuda, cuda:N")
     m.add_argument("--dtype", default="auto", choices=INFERENCE_DTYPES, help="generation dtype (auto: bfloat16 on "
                    "a GPU with it and on CPUs that multiply bf16 natively)")
+    m.add_argument("--max-model-len", type=int, default=None,
+                   help="a prompt's tokens plus max_tokens may not exceed this (default: the model's context)")
+    m.add_argument("--max-tokens", type=int, default=None,
+                   help="the largest max_tokens a request may ask for (default: --max-model-len)")
+    m.add_argument("--max-prompts", type=int, default=256, help="prompts in one request")
+    m.add_argument("--max-queue", type=int, default=16,
+                   help="requests allowed to wait behind the one generating; beyond it 503 with Retry-After")
+    m.add_argument("--max-body-bytes", type=int, default=None,
+                   help="larger request bodies get 413 before they are read (default: room for --max-prompts "
+                        "prompts of --max-model-len token ids)")
+    m.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 (default: "
+                   "$KUNLUNLAB_LLM_API_KEY, else none; the OpenAI backend sends that variable too)")
     return m
 
 
@@ -153,11 +190,12 @@ def train_parser(sub) -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="progressive training: data mixing, SFT cold start, DAPO (notebook 04)")
     t.add_argument("--config", default=None, help="JSON TrainConfig (experiments/configs/training/train_*.json)")
     t.add_argument("--run-dir", default=None, help="run folder; an existing one is resumed (default: a new one)")
-    t.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="overrides, e.g. sft.learning_rate=5e-5")
+    t.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="overrides, e.g. sft.learning_rate=5e-5; "
+                   "each value is checked against its field's type and range (a JSON value, else a string)")
     t.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
     t.add_argument("--dry-run", action="store_true", help="print the resolved batch geometry, device and dtype as "
                    "one JSON line and stop (nothing is loaded); an inconsistent geometry is refused in one line")
-    t.add_argument("--world-size", type=int, default=None, help="training processes to plan for (default: this "
+    t.add_argument("--world-size", type=count(1), default=None, help="training processes to plan for (default: this "
                    "launch's WORLD_SIZE, else 1), e.g. --dry-run --world-size 7 for the 8-GPU recipe")
     return t
 
@@ -178,16 +216,16 @@ def train_router_parser(sub) -> argparse.ArgumentParser:
 
     n = sub.add_parser("train-router", help="train NLR's routing policy against a loopback network tier; "
                                             "JSON summary as the last line")
-    n.add_argument("--world-passages", type=int, default=None, help="synthetic world size (default 2000)")
-    n.add_argument("--questions", type=int, default=None, help="training + held-out questions (default 200)")
+    n.add_argument("--world-passages", type=count(1), default=None, help="synthetic world size (default 2000)")
+    n.add_argument("--questions", type=count(1), default=None, help="training + held-out questions (default 200)")
     n.add_argument("--seed", type=int, default=None, help="world seed, as eval --seed (default 0)")
     n.add_argument("--local-fraction", type=float, default=None, help="share of the world in the local index (default 0.5)")
     n.add_argument("--added-latency-ms", type=float, default=None, help="network tier's extra latency (default 150)")
     n.add_argument("--index-kind", default=None, choices=INDEX_KINDS,
                    help="both tiers' index; use the eval's --index-kind (default bm25)")
     n.add_argument("--embedder", default=None)
-    n.add_argument("--top-k", type=int, default=None, help="as eval --top-k (default 3)")
-    n.add_argument("--epochs", type=int, default=None, help="policy-gradient epochs (default 200)")
+    n.add_argument("--top-k", type=count(1), default=None, help="as eval --top-k (default 3)")
+    n.add_argument("--epochs", type=count(1), default=None, help="policy-gradient epochs (default 200)")
     n.add_argument("--recall-weight", type=float, default=None, help="eq. 22's lambda_r (default 1.0)")
     n.add_argument("--latency-weight", type=float, default=None, help="eq. 22's lambda_t (default 0.25)")
     n.add_argument("--network-url", default=None, help="a running service over the same world (default: start one)")
@@ -233,7 +271,9 @@ def run_notebooks_parser(sub) -> argparse.ArgumentParser:
     r = sub.add_parser("run-notebooks", help="execute every notebook in order with papermill (make run)")
     r.add_argument("--out", default=None, help="run folder (default experiments/runs/<timestamp>)")
     r.add_argument("--smoke", action="store_true", help="tiny parameters, as in the test suite")
-    r.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01")
-    r.add_argument("--params", default=None, help="JSON of notebook name -> parameters (experiments/configs/)")
+    r.add_argument("--only", nargs="*", default=None, help="notebook name prefixes, e.g. 01 (one that matches no "
+                                                            "notebook is refused)")
+    r.add_argument("--params", default=None, help="JSON of notebook name -> parameters (experiments/configs/); each "
+                   "is checked against the notebook's parameters cell before the first notebook runs")
     r.add_argument("--no-progress", action="store_true", help="no per-cell progress bar (papermill's)")
     return r

@@ -9,11 +9,15 @@ embedded, every equation as MathML so the page needs no network), and the runner
 """
 from __future__ import annotations
 
+import ast
+import copy
+import dataclasses
 import json
 import re
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 import nbformat
@@ -21,6 +25,7 @@ import psutil
 from latex2mathml.converter import convert as latex_to_mathml
 from nbconvert import HTMLExporter
 
+from kunlunlab.configs import ConfigError, build_dataclass
 from kunlunlab.paths import PROJECT_ROOT, new_run_dir
 
 NOTEBOOK_DIR = PROJECT_ROOT / "notebooks"
@@ -33,6 +38,16 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
     found = [sources[stem] for stem in sorted(sources)]
     if only:
         found = [p for p in found if any(p.name.startswith(prefix) for prefix in only)]
+    return found
+
+
+def select_notebooks(only: list[str] | None = None) -> list[Path]:
+    """:func:`notebooks`, refusing an ``only`` prefix that matches none (a typo must not run nothing, silently)."""
+    found = notebooks(only)
+    unmatched = [prefix for prefix in only or [] if not any(p.name.startswith(prefix) for p in found)]
+    if unmatched:
+        raise ConfigError(f"no notebook matches --only {' '.join(unmatched)}; the notebooks: "
+                          + ", ".join(p.stem for p in notebooks()))
     return found
 
 
@@ -137,6 +152,7 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
     out_dir = run_dir / path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
     params = {"run_dir": str(out_dir), "smoke": smoke, **(extra or {})}
+    params = {k: v for k, v in params.items() if k not in RUNNER_PARAMETERS or k in parameter_cell(path)}
     executed = run_dir / f"{path.stem}.ipynb"
     start = time.perf_counter()
     record = {"notebook": path.stem, "source": path.name, "executed": str(executed)}
@@ -155,6 +171,85 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
     metrics = out_dir / "metrics.json"
     record["metrics"] = json.loads(metrics.read_text()) if metrics.is_file() else None
     return record
+
+
+# ---------------------------------------------------------------------------- notebook parameters
+# A parameter whose default is None says nothing of its type: a string (a path, a model, a URL) unless named here.
+NONE_DEFAULT_TYPES: dict[str, object] = {"dapo_learning_rate": float | None}
+# The parameters the runner itself passes (the run folder, smoke sizes) or hands from notebook 04 to the later ones.
+RUNNER_PARAMETERS = ("run_dir", "smoke", "model", "ref_run")
+# Notebooks whose ``config`` parameter is a training config and this parameter its overrides: checked as a
+# TrainConfig before the run, so a typo in a key or a value fails here, not in the notebook's first cell.
+TRAIN_OVERRIDE_PARAMETERS = {"02_data_mixing": "overrides", "04_training": "overrides",
+                             "07_process_rewards": "sft_overrides"}
+
+
+def _literal_type(value) -> object:
+    """The type of a parameter's default as the parameters cell writes it (``[1, 2]`` -> ``list[int]``)."""
+    if isinstance(value, (list, tuple)):
+        kinds = {type(v) for v in value}
+        return list[kinds.pop()] if len(kinds) == 1 and not kinds & {list, tuple, dict} else list
+    return type(value)
+
+
+def parameter_cell(path: Path) -> dict[str, tuple[object, object]]:
+    """A notebook's parameters: name -> (type, default), read from the cell tagged ``parameters`` (papermill's
+    own parser drops a line whose comment holds ``=``). An annotated parameter (``x: int | None = None``) has its
+    annotation; else the type of its literal default (None: a string, unless :data:`NONE_DEFAULT_TYPES` names
+    it); a default that is no literal accepts any value."""
+    cells = [c for c in read_notebook(path).cells
+             if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    found: dict[str, tuple[object, object]] = {}
+    for cell in cells:
+        for node in ast.parse(cell.source).body:
+            target, annotation = None, None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                target = node.targets[0].id
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                target = node.target.id
+                annotation = eval(compile(ast.Expression(node.annotation), str(path), "eval"),  # noqa: S307
+                                  {"Literal": typing.Literal, "Any": typing.Any, "Optional": typing.Optional})
+            if target is None:
+                continue
+            try:
+                default = ast.literal_eval(node.value)
+            except ValueError:  # an expression (e.g. a computed path): its value is not known before the run
+                found[target] = (annotation or typing.Any, None)
+                continue
+            if annotation is None:
+                annotation = NONE_DEFAULT_TYPES.get(target, str | None) if default is None else _literal_type(default)
+            found[target] = (annotation, default)
+    return found
+
+
+def parameter_class(path: Path) -> type:
+    """A notebook's parameters as a config dataclass (one field each, typed as :func:`parameter_cell` reads
+    them), so its papermill values are checked as ``--set`` values are: unknown names and wrong types refused."""
+    fields = []
+    for name, (annotation, default) in parameter_cell(path).items():
+        fields.append((name, annotation, dataclasses.field(default_factory=lambda d=default: copy.deepcopy(d))))
+    return dataclasses.make_dataclass(f"Parameters_{path.stem}", fields)
+
+
+def check_params(series: list[Path], params: dict[str, dict] | None, smoke: bool = False) -> None:
+    """Every notebook's parameters of ``params`` checked against its parameters cell before the first cell of
+    the first notebook runs: an unknown name or a value of the wrong type is one :class:`ConfigError` line
+    naming the notebook, the parameter and what it expects. Training overrides are checked as a TrainConfig."""
+    for path in series:
+        given = dict((params or {}).get(path.stem, {}))
+        build_dataclass(parameter_class(path), given, f"notebook {path.stem}")
+        key = TRAIN_OVERRIDE_PARAMETERS.get(path.stem)
+        if key and given.get(key):
+            from kunlunlab.training.pipeline import run_config  # deferred: torch and TRL stay out until needed
+
+            defaults = {name: default for name, (_, default) in parameter_cell(path).items()}
+            config = given.get("config", defaults.get("config"))
+            try:
+                run_config(config, dict(given[key]), smoke=smoke)
+            except FileNotFoundError as err:
+                raise ConfigError(f"notebook {path.stem}: config={config!r}: {err}") from err
+            except ValueError as err:
+                raise ConfigError(f"notebook {path.stem}: {key}: {err}") from err
 
 
 def load_params(path: str | Path | None) -> dict[str, dict]:
@@ -188,23 +283,53 @@ USES_TRAINED_MODEL = ("05_stie_tuning", "06_evaluation")   # get notebook 04's f
 USES_TRAINING_RUN = ("07_process_rewards",)                # get notebook 04's run folder as `ref_run`
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a series: which notebook it stopped, the run folder and the notebooks not finished, so
+    the caller can say how to go on (``summary.json`` there lists the finished ones)."""
+
+    def __init__(self, run_dir: Path, notebook: str, remaining: list[str]):
+        super().__init__(f"interrupted during {notebook}")
+        self.run_dir, self.notebook, self.remaining = run_dir, notebook, remaining
+
+
 def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: list[str] | None = None,
                   params: dict[str, dict] | None = None, progress: bool = False) -> dict:
     """Runs the series in order. Once notebook 04 has trained a model, notebooks 05 and 06 get it as their
     ``model`` parameter and notebook 07 its run folder as ``ref_run`` (unless ``params`` names them), so the
-    series studies the trained agent and compares the other recipes from the same SFT checkpoint."""
+    series studies the trained agent and compares the other recipes from the same SFT checkpoint; a run
+    folder that already holds 04's trained model (a series continued with ``only``) hands that one on.
+    Every notebook's ``params`` are checked first (:func:`check_params`): a bad one stops the series before
+    anything runs. Ctrl-C writes the summary of the notebooks finished and raises :class:`RunInterrupted`."""
     from kunlunlab.training.pipeline import trained_model  # deferred: torch and TRL stay out of the runner process
 
+    series = select_notebooks(only)
+    check_params(series, params, smoke)
     # absolute: the notebooks run with notebooks/ as their working directory, where a relative run folder
     # would land otherwise
     run_dir = Path(out_dir).resolve() if out_dir else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     records = []
     trained: Path | None = None
-    series = notebooks(only)
+    if TRAINING_NOTEBOOK not in {p.stem for p in series}:
+        trained = trained_model(run_dir / TRAINING_NOTEBOOK)
     for problem in pairing_problems():  # the runner executes the .py sources either way
         print(f"[run] warning: {problem}", flush=True)
     started = time.perf_counter()
+    try:
+        _run_series(series, run_dir, smoke, params, progress, records, trained, started)
+    except KeyboardInterrupt as stop:
+        done = {r["notebook"] for r in records}
+        remaining = [p.stem for p in series if p.stem not in done]
+        _write_summary(run_dir, smoke, records, interrupted=remaining[0] if remaining else None)
+        raise RunInterrupted(run_dir, remaining[0] if remaining else series[-1].stem, remaining) from stop
+    return _write_summary(run_dir, smoke, records)
+
+
+def _run_series(series: list[Path], run_dir: Path, smoke: bool, params: dict[str, dict] | None, progress: bool,
+                records: list[dict], trained: Path | None, started: float) -> None:
+    """The notebooks of ``series`` one after the other, each record appended to ``records`` as it finishes."""
+    from kunlunlab.training.pipeline import trained_model  # deferred: torch and TRL stay out of the runner process
+
     for number, path in enumerate(series, 1):
         print(f"[run] {number}/{len(series)} {path.stem} (source {path.name}; {time.perf_counter() - started:.0f} s "
               f"elapsed) ...", flush=True)
@@ -222,8 +347,14 @@ def run_notebooks(out_dir: str | Path | None = None, smoke: bool = False, only: 
               f"peak {record['peak_rss_gb']} GB resident; "
               f"executed copy {record['executed']})", flush=True)
         records.append(record)
-    summary = {"run_dir": str(run_dir), "smoke": smoke, "ok": all(r["ok"] for r in records) and bool(records),
-               "notebooks": records}
+
+
+def _write_summary(run_dir: Path, smoke: bool, records: list[dict], interrupted: str | None = None) -> dict:
+    """``summary.json`` and ``summary.md`` of the notebooks run (``interrupted``: the one Ctrl-C stopped)."""
+    summary = {"run_dir": str(run_dir), "smoke": smoke,
+               "ok": all(r["ok"] for r in records) and bool(records) and interrupted is None, "notebooks": records}
+    if interrupted:
+        summary["interrupted"] = interrupted
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     lines = [f"# Run {run_dir.name}", ""]
     for r in records:

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from kunlunlab.agent.protocol import STOP_STRINGS
+from kunlunlab.configs import non_negative, within
 
 
 @dataclass
 class SamplingConfig:
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    seed: int = 0
+    temperature: float = non_negative(0.0)  # 0: greedy
+    top_p: float = within(1.0, 0, 1, low_open=True)
+    seed: int = non_negative(0)
 
     def __post_init__(self):
         if self.temperature < 0 or not 0 < self.top_p <= 1:

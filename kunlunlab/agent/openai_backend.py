@@ -6,6 +6,7 @@ re-sends each row's tokens every turn and cannot enforce answer blocks (:meth:`O
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -16,6 +17,8 @@ from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.protocol import STOP_STRINGS
 from kunlunlab.models import resolve_llm
 
+API_KEY_ENV = "KUNLUNLAB_LLM_API_KEY"  # the key this backend sends and `serve-llm` expects when none is given
+
 
 @dataclass
 class OpenAIBackend:
@@ -24,6 +27,8 @@ class OpenAIBackend:
     Prompts go as token ids and completions come back as token ids when the server supports vLLM's
     ``return_tokens_as_token_ids``; otherwise the text is tokenised locally (documented fallback:
     then token ids are the local tokenizer's). ``tokenizer`` is the model's tokenizer (name or path).
+    ``api_key``: sent as a bearer token (vLLM's and ``serve-llm``'s ``--api-key``); None: ``$KUNLUNLAB_LLM_API_KEY``
+    when set, else no header.
     """
 
     url: str
@@ -39,7 +44,8 @@ class OpenAIBackend:
 
         self.name = self.model
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        key = os.environ.get(API_KEY_ENV) if self.api_key is None else self.api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(timeout=self.timeout, headers=headers)
         self.url = self.url.rstrip("/")
         if not self.url.endswith("/v1"):

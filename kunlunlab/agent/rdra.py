@@ -39,19 +39,20 @@ from typing import Sequence
 from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import PLAN_SYSTEM, PLAN_USER_TEMPLATE, numbered_docs
 from kunlunlab.agent.rollout import SearchFn
+from kunlunlab.configs import non_negative, positive, probability
 from kunlunlab.retrieval.client import RetrievalServiceError
 
 
 @dataclass
 class RDRAConfig:
-    background_k: int = 3      # passages of the first stage, eq. (1)
-    plan_k: int = 2            # passages per plan query in the second stage, eq. (3)
-    plan_tokens: int = 64
-    max_plan_queries: int = 3  # plan lines used as queries (the whole plan is queried besides them)
+    background_k: int = positive(3)      # passages of the first stage, eq. (1)
+    plan_k: int = positive(2)            # passages per plan query in the second stage, eq. (3)
+    plan_tokens: int = positive(64)
+    max_plan_queries: int = non_negative(3)  # plan lines used as queries (the whole plan is queried besides them)
     query_whole_plan: bool = True
-    max_docs: int = 5          # passages in the final background block, eq. (4)
-    background_share: float = 0.4  # share of max_docs reserved for D_1 (the rest for D_2)
-    max_doc_chars: int = 400
+    max_docs: int = positive(5)          # passages in the final background block, eq. (4)
+    background_share: float = probability(0.4)  # share of max_docs reserved for D_1 (the rest for D_2)
+    max_doc_chars: int = positive(400)
     use_plan: bool = True      # False: plan-free RDRA, D_1 only (eqs. 2-3 skipped; see the module docstring)
 
     def __post_init__(self):

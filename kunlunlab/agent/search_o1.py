@@ -61,6 +61,7 @@ from typing import Sequence
 
 from kunlunlab.agent.backends import Backend, Segment, chat_prompt_ids, generate_once, mean_confidence, text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE, parse_turn
+from kunlunlab.configs import non_negative, positive
 from kunlunlab.agent.rollout import (AnswerRound, RolloutConfig, RolloutEngine, RolloutStats, SearchFn, Trajectory,
                                      result_block)
 
@@ -97,8 +98,8 @@ _PROTOCOL_TAG = re.compile(r"</?(?:think|search|query|result|short_answer|long_a
 
 @dataclass
 class ReasonInDocumentsConfig:
-    max_tokens: int = 128        # the condensed analysis of one query's documents
-    keep_last_steps: int = 4     # previous reasoning: the first step, the last N and every search/result step
+    max_tokens: int = positive(128)  # the condensed analysis of one query's documents
+    keep_last_steps: int = non_negative(4)  # previous reasoning: the first step, the last N and every search/result step
     prefill_header: bool = True  # the reply starts with the header (a departure: see the module docstring)
 
     def __post_init__(self):

@@ -97,6 +97,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
 from kunlunlab.agent.backends import AnswerBlock
+from kunlunlab.configs import non_negative, positive, probability
 from kunlunlab.data.answers import normalize_answer
 
 Difference = Literal["complement", "added_share"]
@@ -113,20 +114,20 @@ COLLECT_ALL_ROUNDS = dict(confidence_ceiling=1.1, overlap_stop=-1.0, min_new_inf
 
 @dataclass
 class STIEConfig:
-    delta1: float = 0.6   # minimum difference against the previous round, eq. (9)
-    delta2: float = 0.5   # … against two rounds back
-    delta3: float = 0.4   # … against three rounds back
-    repeat_k: int = 3     # K: rounds of one answer before it is shielded (eq. 12) and blocked (eq. 13)
-    margin: float = 0.0   # confidence a rival needs over a redundant answer's own, eq. (10)
-    overlap_stop: float = 0.2  # termination (i): mean overlap with recent rounds below this ends the loop
-    confidence_ceiling: float = 0.9  # termination (ii)
-    min_new_info: float = 0.1  # termination (iii): share of new documents in the round
+    delta1: float = probability(0.6)   # minimum difference against the previous round, eq. (9)
+    delta2: float = probability(0.5)   # … against two rounds back
+    delta3: float = probability(0.4)   # … against three rounds back
+    repeat_k: int = positive(3)     # K: rounds of one answer before it is shielded (eq. 12) and blocked (eq. 13)
+    margin: float = non_negative(0.0)   # confidence a rival needs over a redundant answer's own, eq. (10)
+    overlap_stop: float = probability(0.2)  # termination (i): mean overlap with recent rounds below this ends the loop
+    confidence_ceiling: float = probability(0.9)  # termination (ii)
+    min_new_info: float = probability(0.1)  # termination (iii): share of new documents in the round
     # K + 2: after the K-th repeat is shielded, the model gets the blocked-answer feedback for two more
     # rounds (one may still echo the loop, as in the paper's Russia/France example of five rounds).
     # With max_rounds <= K blocking could never change an answer.
-    max_rounds: int = 5
+    max_rounds: int = positive(5)
     difference: Difference = "complement"  # eq. (7); "added_share" is the earlier variant, see difference()
-    history_window: int | None = None  # H of eq. (12), in rounds; None: the whole memory (see the module docstring)
+    history_window: int | None = positive(None)  # H of eq. (12), in rounds; None: the whole memory (see the module docstring)
     final_pick: FinalPick = "latest"   # the ranking step; "confidence" is the paper's (see the module docstring)
     block_generation: bool = True      # eq. (13)'s block as a generation constraint, not only feedback (docstring)
 

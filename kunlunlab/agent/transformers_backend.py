@@ -130,6 +130,11 @@ def _attention_kernels(device, left_padded: bool):
     return sdpa_kernel([SDPBackend.MATH])
 
 
+class GenerationCancelled(RuntimeError):
+    """``generate`` stopped because its ``cancel`` event was set (``serve-llm``: the client left, or the server is
+    stopping); what the call generated is dropped and the session must not be used again."""
+
+
 class TransformersBackend:
     """Local model; ``model``/``tokenizer`` given, or loaded by name (None: the embedded SmolLM2)."""
 
@@ -296,7 +301,10 @@ class TransformersSession:
 
     # -- the session interface ---------------------------------------------------------------------------------
     def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
-                 stop: Sequence[str] = STOP_STRINGS) -> dict[int, Segment]:
+                 stop: Sequence[str] = STOP_STRINGS, cancel=None) -> dict[int, Segment]:
+        """``cancel``: a ``threading.Event`` another thread may set; it is read before each token, so a set event
+        stops the call within one decode step with :class:`GenerationCancelled` (``serve-llm`` cancels a request
+        whose client has left this way, instead of generating up to ``max_tokens`` for nobody)."""
         torch = self.torch
         rows = list(rows)
         limits = max_new_tokens if isinstance(max_new_tokens, dict) else {r: max_new_tokens for r in rows}
@@ -307,6 +315,8 @@ class TransformersSession:
         interventions = dict.fromkeys(rows, 0)
         n = len(self.slots)
         while active:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled(f"generation cancelled after {max(len(g) for g in gen.values())} tokens")
             bans = None
             if self.blocks:
                 t0 = time.perf_counter()

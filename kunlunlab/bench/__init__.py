@@ -4,6 +4,8 @@
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
     python -m kunlunlab.bench answer-block [--batch 8] [--tokens 32] [--repeats 3]
     python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
+    python -m kunlunlab.bench llm-overload [--duration 30] [--clients 4] [--long-tokens 8000]
+    python -m kunlunlab.bench retriever-overload [--duration 60] [--small-clients 4] [--big-clients 1]
     python -m kunlunlab.bench encode [--n 10000] [--precisions float32,onnx,bfloat16,int8]
     python -m kunlunlab.bench build [--n 10000] [--index-n 1000000] [--engine stream|ray]
     python -m kunlunlab.bench exact-search [--device cuda] [--n 21000000|max] [--dtype float16] [--queries 64]
@@ -39,6 +41,13 @@ drawn on the device itself; ``--n max`` sizes N to 80 % of the free memory.
 ``service``: the retrieval service under ``--clients`` concurrent closed-loop clients, micro-batching
 on and then off (one request per search), same index and queries; requests/s, p50/p99 latency,
 errors, lost requests and ``batching_speedup`` (requests/s with batching / without).
+
+``llm-overload`` and ``retriever-overload`` (:mod:`kunlunlab.bench.overload`, issue 44): each server in its own
+process, started with its defaults. ``llm-overload``: p50/p99 of short completions from ``--clients`` closed-loop
+clients alone, then after a client abandoned a ``--long-tokens`` request (the client timed out after
+``--abandon-after`` s and closed its connection). ``retriever-overload``: p50/p99 of one-query requests alone, then
+beside clients sending maximal requests (256 queries of 2048 characters, topk 100). Both end with one SIGTERM and
+report the seconds to exit; requests that time out count at their timeout (a lower bound).
 """
 from __future__ import annotations
 
@@ -51,6 +60,8 @@ from kunlunlab.bench.answer_block import AnswerBlockBenchConfig, bench_answer_bl
 from kunlunlab.bench.build import BuildBenchConfig, bench_build
 from kunlunlab.bench.encode import EncodeBenchConfig, bench_encode
 from kunlunlab.bench.exact_search import ExactSearchBenchConfig, bench_exact_search
+from kunlunlab.bench.overload import (LLMOverloadBenchConfig, RetrieverOverloadBenchConfig, bench_llm_overload,
+                                      bench_retriever_overload)
 from kunlunlab.bench.retrieval import RetrievalBenchConfig, bench_retrieval, gaussian_mixture, gaussian_vectors
 from kunlunlab.bench.rollout import RolloutBenchConfig, bench_rollout
 from kunlunlab.bench.service import ServiceBenchConfig, bench_service
@@ -67,6 +78,10 @@ BENCHMARKS = {
                bench_encode),
     "service": ("retrieval service under concurrent clients, micro-batching on vs off", ServiceBenchConfig,
                 bench_service),
+    "llm-overload": ("serve-llm: short requests while an abandoned long one is in flight; SIGTERM to exit",
+                     LLMOverloadBenchConfig, bench_llm_overload),
+    "retriever-overload": ("serve-retriever: one-query requests beside maximal ones; SIGTERM to exit",
+                           RetrieverOverloadBenchConfig, bench_retriever_overload),
     "build": ("peak memory and time of a streamed (sharded) index build", BuildBenchConfig, bench_build),
     "exact-search": ("exact top-k of a batch of queries over N random vectors on a device (--n max: the most that "
                      "fit in 80%% of free memory)", ExactSearchBenchConfig, bench_exact_search),
@@ -101,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["AnswerBlockBenchConfig", "BuildBenchConfig", "EncodeBenchConfig", "ExactSearchBenchConfig",
-           "RetrievalBenchConfig", "RolloutBenchConfig", "ServiceBenchConfig", "bench_answer_block", "bench_build",
-           "bench_encode", "bench_exact_search", "bench_retrieval", "bench_rollout", "bench_service",
+           "LLMOverloadBenchConfig", "RetrievalBenchConfig", "RetrieverOverloadBenchConfig", "RolloutBenchConfig",
+           "ServiceBenchConfig", "bench_answer_block", "bench_build", "bench_encode", "bench_exact_search",
+           "bench_llm_overload", "bench_retrieval", "bench_retriever_overload", "bench_rollout", "bench_service",
            "gaussian_mixture", "gaussian_vectors", "main"]

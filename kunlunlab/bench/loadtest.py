@@ -22,7 +22,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from kunlunlab.retrieval.client import RETRY_STATUSES, retry_delay
+from kunlunlab.retrieval.client import RETRY_STATUSES, bearer_headers, retry_delay
 
 
 async def _post(http: httpx.AsyncClient, endpoint: str, payload: dict, retries: int, backoff: float,
@@ -48,7 +48,7 @@ async def _post(http: httpx.AsyncClient, endpoint: str, payload: dict, retries: 
 async def run_load_async(url: str, queries: Sequence[str], clients: int, duration_s: float,
                          queries_per_request: int = 1, topk: int = 3, max_requests: int | None = None, *,
                          timeout: float = 30.0, retries: int = 5, backoff: float = 0.05, max_backoff: float = 1.0,
-                         keep_answers: bool = False) -> dict:
+                         keep_answers: bool = False, api_key: str | None = None) -> dict:
     """See :func:`run_load`; for callers already inside an event loop."""
     if not queries or clients < 1 or queries_per_request < 1:
         raise ValueError("need at least one query, one client and one query per request")
@@ -58,7 +58,7 @@ async def run_load_async(url: str, queries: Sequence[str], clients: int, duratio
     answers: dict[str, list[list[tuple[str, float]]]] = defaultdict(list)
     last_error = ""
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=bearer_headers(api_key)) as http:
         start = time.perf_counter()
         deadline = start + duration_s
 
@@ -109,7 +109,8 @@ def run_load(url: str, queries: Sequence[str], clients: int, duration_s: float, 
     Returns ``clients, requests, ok, requests_per_s`` (answered with 200, per second), ``queries_per_s,
     p50_ms, p99_ms`` (latency of answered requests, retries included), ``errors, lost, retries, seconds``;
     with ``keep_answers=True`` also ``answers``: query -> one ``[(id, score), ...]`` list per answer.
-    ``options``: ``timeout, retries, backoff, max_backoff, keep_answers``."""
+    ``options``: ``timeout, retries, backoff, max_backoff, keep_answers, api_key`` (None:
+    ``$KUNLUNLAB_RETRIEVER_API_KEY`` when set, as :class:`~kunlunlab.retrieval.client.RetrievalClient`)."""
     return asyncio.run(run_load_async(url, queries, clients, duration_s, queries_per_request, topk, max_requests,
                                       **options))
 

@@ -49,11 +49,29 @@ the checkpoint's other RDRA sizes). Files written before the whole configuration
 some keys (STIE as ``stie_rounds``, no retrieval kind); they load, and what they lack stays the default.
 The checkpoint's ``index_kind`` and ``embedder`` describe an index built here: with ``retriever_url`` or
 ``index_dir`` the service or saved index brings its own, and they are not applied.
+
+Records on disk, and resuming
+-----------------------------
+:func:`evaluate` appends each finished question's record to ``out`` as one JSON line and flushes it (``fsync``
+after each batch), so a fault or Ctrl-C loses only the batch in flight. With ``resume=True`` (``kunlunlab eval``
+and the suite) a rerun into the same ``out`` keeps the complete records there and evaluates only the questions
+after them; a last line cut short by a crash is dropped and redone. What an evaluation measures is kept beside
+the records in ``<out>.config.json`` (:func:`evaluation_identity`: the config less how and where it runs, i.e.
+batch size, device and the services' URLs, and the searched service's index); a rerun whose identity differs,
+whose questions are not the file's, or a file of records without that sidecar is refused
+(:class:`RecordsConflict`), as ``kunlunlab train`` refuses a run folder of another config. The judge grades each
+batch before it is written, so a record on disk is final. A resumed run's records, in question order, and
+its summary are an uninterrupted run's, except for what counts this run's calls only: ``wall_seconds``,
+``search_errors``, the judge's ``stats`` and the router's summary (``resumed`` says how many records were read
+back). Its batches keep the uninterrupted run's boundaries (a batch's padding can move a local model's
+logits): only a batch cut short (a torn line, Ctrl-C between two writes) is finished on its own, and another
+batch size regroups the rest.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -70,7 +88,7 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
 from kunlunlab.agent.stie import COLLECT_ALL_ROUNDS, STIEConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
-from kunlunlab.configs import build_dataclass, leaf_paths
+from kunlunlab.configs import build_dataclass, choice, leaf_paths, leaf_values, non_negative, positive
 from kunlunlab.data import World, make_questions
 from kunlunlab.data.questions import summary_questions
 from kunlunlab.data.loaders import BENCHMARK_FILES, corpus_from_examples, load_benchmark, load_corpus, load_qa
@@ -78,9 +96,10 @@ from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.eval.judge import ChatJudgeBackend, LLMJudge
 from kunlunlab.eval.metrics import (FALLBACK, cover_em, evidence_search_floor, exact_match, f1, fact_coverage,
                                     retrieval_recall, summarize, title_recall_curve)
+from kunlunlab.models import INFERENCE_DTYPES
 from kunlunlab.paths import shared_data_dir
 from kunlunlab.retrieval.factory import open_retriever
-from kunlunlab.retrieval.retriever import Hit, IndexConfig, Retriever
+from kunlunlab.retrieval.retriever import INDEX_KINDS, Hit, IndexConfig, Retriever
 from kunlunlab.retrieval.client import RemoteRetriever, RetrievalClient, RetrievalServiceError
 
 
@@ -108,24 +127,24 @@ AGENT_SETTING_PATHS: dict[str, str] = {
 @dataclass
 class EvalConfig:
     dataset: str = "world"
-    method: str = "kunlun"
-    limit: int | None = 20
+    method: str = choice("kunlun", METHODS)
+    limit: int | None = positive(20)
     model: str | None = None        # LLM: None = embedded SmolLM2; hub id or local path
     llm_url: str | None = None      # OpenAI-compatible server instead of a local model
     judge: str | None = None        # None: no LJ; a model (hub id / path, or served name with judge_url); "same"
     judge_url: str | None = None    # OpenAI-compatible server that serves the judge model
-    judge_api: str = "chat"         # judge_url's route: "chat" (/v1/chat/completions) or "completions" (token ids)
+    judge_api: str = choice("chat", ("chat", "completions"))  # judge_url's route: "chat" (/v1/chat/completions) or "completions" (token ids)
     judge_key_env: str = "OPENAI_API_KEY"  # NAME of the environment variable with the judge's API key (chat)
     corpus: str | None = None       # None: the dataset's default corpus (see module docstring)
     retriever_url: str | None = None  # the main retrieval through this service (POST /retrieve); no corpus here
     index_dir: str | None = None    # the main retrieval from this saved index folder (build-index --out)
-    index_kind: str = "flat"        # the index built here; not used with retriever_url or index_dir
+    index_kind: str = choice("flat", INDEX_KINDS)  # the index built here; not used with retriever_url or index_dir
     embedder: str | None = None
-    batch_size: int = 8
-    dtype: str = "auto"             # generation dtype; auto: bfloat16 where the hardware has it (2x on AMX CPUs)
+    batch_size: int = positive(8)
+    dtype: str = choice("auto", INFERENCE_DTYPES)  # generation dtype; auto: bfloat16 where the hardware has it (2x on AMX CPUs)
     device: str = "auto"            # where a local model generates: auto (CUDA when present), cpu, cuda, cuda:N
-    world_passages: int = 2000
-    seed: int = 0
+    world_passages: int = positive(2000)
+    seed: int = non_negative(0)
     # the agent's budgets (searches, tokens per turn and per trajectory, passages per search, characters per
     # passage) and STIE's thresholds and round budget: the agent's own configs, not copies of their fields
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -415,15 +434,174 @@ def router_summary(search) -> dict | None:
     return summary() if callable(summary) else None
 
 
+RECORDS_CONFIG_SUFFIX = ".config.json"
+# EvalConfig fields that say how fast and where an evaluation runs, not what it measures: a rerun may change them
+# (a smaller batch after running out of memory, another GPU)
+RUNTIME_FIELDS = ("batch_size", "device", "judge_key_env")
+# services that a restart may bring back elsewhere (another port, another node): only whether each is used counts
+ENDPOINT_FIELDS = ("llm_url", "judge_url", "retriever_url", "network_url")
+
+
+class RecordsConflict(ValueError):
+    """``out`` holds records that this evaluation cannot continue: another configuration, other questions, a
+    damaged line, or no saved configuration to compare with. Appending there would mix two evaluations."""
+
+
+def records_config_path(out: str | Path) -> Path:
+    """The sidecar beside a records file that says what its records measure (:func:`evaluation_identity`)."""
+    return Path(str(out) + RECORDS_CONFIG_SUFFIX)
+
+
+def evaluation_identity(config: EvalConfig, retriever=None) -> dict:
+    """What an evaluation measures, as JSON: ``config`` less :data:`RUNTIME_FIELDS`, each of
+    :data:`ENDPOINT_FIELDS` as whether it is used, and with a retrieval service (``retriever``, a
+    :class:`ServiceSearch`) the index it reports on ``/health`` (kind, passages, embedder) in place of its URL."""
+    identity = json.loads(json.dumps(asdict(config), default=str))
+    for name in RUNTIME_FIELDS:
+        identity.pop(name)
+    for name in ENDPOINT_FIELDS:
+        identity[name] = identity[name] is not None
+    if isinstance(retriever, ServiceSearch):
+        identity["retriever_index"] = {k: retriever.remote.info.get(k) for k in ("kind", "n", "embedder")}
+    return identity
+
+
+def read_records(path: str | Path) -> tuple[list[dict], int]:
+    """(the complete records of a records file, the bytes they take). A record is complete when its line ends
+    in a newline and holds a JSON object with an ``id``; a last line that does not is a write cut short and is
+    left out, to be redone. A damaged line before the last is no crash's doing: :class:`RecordsConflict`."""
+    path = Path(path)
+    if not path.is_file():
+        return [], 0
+    with path.open("rb") as f:
+        lines = f.readlines()
+    records, size = [], 0
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line) if line.endswith(b"\n") else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None  # judged below: a torn last line, or a damaged one
+        if not isinstance(record, dict) or "id" not in record:
+            if i == len(lines) - 1:
+                break
+            raise RecordsConflict(f"{path}: line {i + 1} of {len(lines)} is not a record (damaged, not a write cut "
+                                  f"short); pass another --out, or delete {path} to start over")
+        records.append(record)
+        size += len(line)
+    return records, size
+
+
+def _differences(saved: dict, wanted: dict, shown: int = 4) -> str:
+    """The dotted paths where two identities differ, the first ``shown`` with both values."""
+    have, want = leaf_values(saved), leaf_values(wanted)
+    changed = sorted(k for k in set(have) | set(want) if have.get(k, "(absent)") != want.get(k, "(absent)"))
+    parts = [f"{k}: {have.get(k, '(absent)')!r} there, {want.get(k, '(absent)')!r} now" for k in changed[:shown]]
+    return "; ".join(parts) + (f"; and {len(changed) - shown} more" if len(changed) > shown else "")
+
+
+def _records(n: int) -> str:
+    return f"{n} record" + ("s" if n != 1 else "")
+
+
+def kept_records(config: EvalConfig, out: str | Path, examples: list[QAExample],
+                 retriever=None) -> tuple[list[dict], int]:
+    """(the records of ``out`` that a rerun of ``config`` over ``examples`` keeps, the bytes they take): the
+    complete ones, once their sidecar shows they measure what ``config`` does and their ids are ``examples``'
+    first. Anything else raises :class:`RecordsConflict`; nothing is written. ``kunlunlab eval`` calls it before
+    any model loads, so a refusal costs no loading."""
+    records, size = read_records(out)
+    if not records:
+        return [], 0
+    sidecar = records_config_path(out)
+    hint = f"pass another --out, or delete {out} to start over"
+    if not sidecar.is_file():
+        raise RecordsConflict(f"{out} holds {_records(len(records))} but no {sidecar.name} saying what they measure "
+                              f"(an older version's or a non-resumable run's file); {hint}")
+    try:
+        saved = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RecordsConflict(f"{sidecar} is not readable JSON ({err}); {hint}") from err
+    wanted = evaluation_identity(config, retriever)
+    if not isinstance(saved, dict) or saved.get("identity") != wanted:
+        saved_identity = saved.get("identity") if isinstance(saved, dict) else None
+        what = _differences(saved_identity if isinstance(saved_identity, dict) else {}, wanted)
+        raise RecordsConflict(f"{out} holds {_records(len(records))} of another evaluation config ({what}); {hint}")
+    ids = [r["id"] for r in records]
+    expected = [ex.id for ex in examples[:len(records)]]
+    if ids != expected:
+        i = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), len(expected))
+        this = f"this run's is {expected[i]!r}" if i < len(expected) else f"this run has {len(examples)} questions"
+        raise RecordsConflict(f"{out} holds records of other questions (record {i + 1} is {ids[i]!r}, {this}); {hint}")
+    return records, size
+
+
+class RecordWriter:
+    """Appends an evaluation's records to ``out`` as they finish: each line flushed, each batch synced to disk.
+    The file (and, with ``identity``, its sidecar; without, a stale sidecar goes) is created with the first
+    record, so a run that finishes nothing leaves an earlier file as it was. ``append``: continue after the
+    kept records instead of starting the file over."""
+
+    def __init__(self, out: Path, identity: dict | None, append: bool):
+        self.out, self.identity, self.append = out, identity, append
+        self.file = None
+
+    def _open(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        sidecar = records_config_path(self.out)
+        if not self.append:
+            if self.identity is None:
+                sidecar.unlink(missing_ok=True)  # it described records this run replaces
+            else:  # written before the first record: a record on disk always has its sidecar
+                tmp = sidecar.with_name(sidecar.name + ".tmp")
+                tmp.write_text(json.dumps({"identity": self.identity}, indent=1), encoding="utf-8")
+                tmp.replace(sidecar)
+        self.file = self.out.open("a" if self.append else "w", encoding="utf-8")
+
+    def write(self, lines: list[str]) -> None:
+        if self.file is None:
+            self._open()
+        for line in lines:
+            self.file.write(line + "\n")
+            self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def finish(self) -> None:
+        """The run completed: a run that wrote nothing still leaves its (empty) file, as callers read it."""
+        if self.file is None and not self.append:
+            self._open()
+        self.close()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _record(ex: QAExample, o, titles: dict[str, str], seconds: float) -> dict:
+    """One question's record: the answer's metrics, retrieval recall, the search counters and the trajectory."""
+    mode, body = final_answer_block(model_text(o.trajectory))
+    return {"id": ex.id, "question": ex.question, "golds": ex.answers, "prediction": o.prediction,
+            "em": exact_match(o.prediction, ex.answers), "f1": f1(o.prediction, ex.answers),
+            "acc": cover_em(o.prediction, ex.answers), "lj": None,
+            "answer_source": o.trajectory.get("answer_source", FALLBACK),
+            "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
+            "recall_by_search": title_recall_curve(o.trajectory, titles, ex.supporting_titles),
+            "search_floor": evidence_search_floor(o.trajectory, titles, ex),
+            "answer_mode": mode, "fact_coverage": fact_coverage(body or o.prediction, ex.facts),
+            "searches": o.searches, "seconds": seconds, "type": ex.type, "trajectory": o.trajectory}
+
+
 def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, judge_backend=None,
              examples: list[QAExample] | None = None, passages: list[Passage] | None = None,
-             progress: bool = True, retriever=None) -> dict:
-    """Runs one method over one dataset; writes one JSON record per question to ``out``; returns the summary.
-    ``progress`` shows a bar per batch (tqdm: a widget in Jupyter, a text line elsewhere).
+             progress: bool = True, retriever=None, resume: bool = False) -> dict:
+    """Runs one method over one dataset; appends one JSON record per question to ``out`` as each batch
+    finishes; returns the summary. ``progress`` shows a bar per batch (tqdm: a widget in Jupyter, a text line
+    elsewhere).
 
-    ``backend`` / ``judge_backend`` reuse loaded models; ``examples`` / ``passages`` skip loading data;
-    ``retriever`` (:func:`open_eval_retriever`) reuses an opened one. With ``retriever_url`` a search that
-    fails after the client's retries raises :class:`EvalRetrievalError`.
+    ``resume``: keep the complete records already in ``out`` and evaluate only the questions after them (see
+    "Records on disk" above; :class:`RecordsConflict` when they are another evaluation's); without it ``out``
+    starts over. ``backend`` / ``judge_backend`` reuse loaded models; ``examples`` / ``passages`` skip loading
+    data; ``retriever`` (:func:`open_eval_retriever`) reuses an opened one. With ``retriever_url`` a search that
+    fails after the client's retries raises :class:`EvalRetrievalError`; the records before it stay in ``out``.
     """
     start = time.perf_counter()
     if examples is None:
@@ -433,57 +611,57 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
         passages = resolve_corpus(config, examples)
     method, retriever, backend = build_pipeline(config, passages, backend, retriever)
     titles = passage_titles(retriever)
-    records = []
-
-    bar = tqdm(total=len(examples), desc=f"{config.method} · {config.dataset}", unit="q", disable=not progress,
-               leave=False)
-    for b in range(0, len(examples), config.batch_size):
-        batch = examples[b:b + config.batch_size]
-        t0 = time.perf_counter()
-        try:
-            outputs = method.run([ex.question for ex in batch])
-        except EvalRetrievalError:
-            bar.close()  # the caller's error line then starts a line of its own
-            raise
-        bar.update(len(batch))
-        per_question = (time.perf_counter() - t0) / len(batch)
-        for ex, o in zip(batch, outputs):
-            mode, body = final_answer_block(model_text(o.trajectory))
-            records.append({
-                "id": ex.id, "question": ex.question, "golds": ex.answers, "prediction": o.prediction,
-                "em": exact_match(o.prediction, ex.answers), "f1": f1(o.prediction, ex.answers),
-                "acc": cover_em(o.prediction, ex.answers), "lj": None,
-                "answer_source": o.trajectory.get("answer_source", FALLBACK),
-                "retrieval_recall": retrieval_recall([titles.get(d, "") for d in o.doc_ids], ex.supporting_titles),
-                "recall_by_search": title_recall_curve(o.trajectory, titles, ex.supporting_titles),
-                "search_floor": evidence_search_floor(o.trajectory, titles, ex),
-                "answer_mode": mode, "fact_coverage": fact_coverage(body or o.prediction, ex.facts),
-                "searches": o.searches, "seconds": per_question, "type": ex.type, "trajectory": o.trajectory})
-    bar.close()
+    kept: list[dict] = []
+    writer = None
+    if out is not None:
+        out = Path(out)
+        if resume:
+            kept, size = kept_records(config, out, examples, retriever)
+            if kept and out.stat().st_size > size:  # a torn last line: cut it off before appending
+                os.truncate(out, size)
+        writer = RecordWriter(out, evaluation_identity(config, retriever) if resume else None, append=bool(kept))
     if judge_backend is None:
         judge_backend = make_judge_backend(config, backend)
+    judge = LLMJudge(judge_backend) if judge_backend is not None else None
+    records = list(kept)
+    bar = tqdm(total=len(examples), initial=len(kept), desc=f"{config.method} · {config.dataset}", unit="q",
+               disable=not progress, leave=False)
+    try:
+        # the uninterrupted run's batch boundaries: a resumed run's first batch is the rest of the one it cut
+        for b in range(0, len(examples), config.batch_size):
+            batch = examples[max(b, len(kept)):b + config.batch_size]
+            if not batch:
+                continue
+            t0 = time.perf_counter()
+            outputs = method.run([ex.question for ex in batch])
+            per_question = (time.perf_counter() - t0) / len(batch)
+            new = [_record(ex, o, titles, per_question) for ex, o in zip(batch, outputs)]
+            if judge is not None:  # before the write: a record on disk is final
+                for r, v in zip(new, judge.judge([(r["question"], r["golds"], r["prediction"]) for r in new])):
+                    r["lj"] = v
+            lines = [json.dumps(r, default=str) for r in new]
+            if writer is not None:
+                writer.write(lines)
+            records += [json.loads(line) for line in lines]  # as read back on resuming: the same summary
+            bar.update(len(batch))
+    finally:
+        bar.close()  # before the caller's error line, which then starts a line of its own
+        if writer is not None:
+            writer.close()
+    if writer is not None:
+        writer.finish()
     judge_info = None
-    if judge_backend is not None:
-
-        judge = LLMJudge(judge_backend)
-        for r, v in zip(records, judge.judge([(r["question"], r["golds"], r["prediction"]) for r in records])):
-            r["lj"] = v
+    if judge is not None:
         self_judged = judge_backend is backend or judge_backend.name == backend.name
         judge_info = {"model": judge_backend.name, "url": config.judge_url, "self_judged": self_judged,
                       "stats": judge.stats}
         if self_judged:
             judge_info["note"] = "LJ graded by the answering model itself; not comparable with an external judge"
-    if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w") as f:
-            for r in records:
-                f.write(json.dumps(r, default=str) + "\n")
     summary = summarize(records)
     recalls = [r["retrieval_recall"] for r in records if r["retrieval_recall"] is not None]
     summary.update(method=config.method, dataset=config.dataset, model=backend.name,
                    retrieval_recall=round(sum(recalls) / len(recalls), 4) if recalls else None,
-                   search_errors=len(method.search_errors), judge=judge_info,
+                   search_errors=len(method.search_errors), judge=judge_info, resumed=len(kept),
                    wall_seconds=round(time.perf_counter() - start, 1), config=asdict(config))
     if config.network_url:
         summary["router"] = router_summary(method.search)

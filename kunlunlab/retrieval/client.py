@@ -13,6 +13,7 @@ importing the agent, training and evaluation modules loads no FastAPI.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from contextlib import suppress
@@ -26,6 +27,14 @@ from kunlunlab.retrieval.retriever import Hit
 from kunlunlab.retrieval.store import IndexMismatchError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})  # overload or a restart: worth another try
+API_KEY_ENV = "KUNLUNLAB_RETRIEVER_API_KEY"  # the key a client sends and `serve-retriever` expects when none is given
+
+
+def bearer_headers(api_key: str | None, env: str = API_KEY_ENV) -> dict[str, str]:
+    """``Authorization: Bearer`` for ``api_key``, or for the key in ``env`` when ``api_key`` is None; no header when
+    neither is set (the servers ask for no key by default). ``api_key=""`` sends none whatever the environment."""
+    key = os.environ.get(env) if api_key is None else api_key
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class RetrievalServiceError(RuntimeError):
@@ -44,11 +53,14 @@ def retry_delay(attempt: int, backoff: float, response: httpx.Response | None = 
 
 
 class RetrievalClient:
+    """``api_key``: sent as a bearer token to a ``serve-retriever --api-key`` (None: ``$KUNLUNLAB_RETRIEVER_API_KEY``
+    when set, else no header)."""
+
     def __init__(self, url: str, timeout: float = 10.0, retries: int = 2, backoff: float = 0.25,
-                 max_backoff: float = 5.0):
+                 max_backoff: float = 5.0, api_key: str | None = None):
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
-        self._http = httpx.Client(timeout=timeout)
+        self._http = httpx.Client(timeout=timeout, headers=bearer_headers(api_key))
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
         """The first answer that is neither a connection failure nor a retryable status, within ``retries + 1``
@@ -137,10 +149,11 @@ class RemoteRetriever(RetrievalClient):
     kind = "remote"
 
     def __init__(self, url: str, attempts: int = 3, backoff: float = 0.25, timeout: float = 30.0,
-                 max_backoff: float = 5.0):
+                 max_backoff: float = 5.0, api_key: str | None = None):
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
-        super().__init__(url, timeout=timeout, retries=attempts - 1, backoff=backoff, max_backoff=max_backoff)
+        super().__init__(url, timeout=timeout, retries=attempts - 1, backoff=backoff, max_backoff=max_backoff,
+                         api_key=api_key)
         self.info: dict = {}
 
     def check(self, embedder: str | None = None) -> dict:

@@ -65,6 +65,37 @@ class ShardedBuildConfig:
             raise ValueError("shard_rows and block_rows must be ≥ 1, actors ≥ 0")
 
 
+class CorpusTooSmall(ValueError):
+    """The corpus has fewer passages than the index kind needs to train."""
+
+
+def min_corpus_size(config: IndexConfig) -> int:
+    """The fewest passages an index of ``config`` trains on. FAISS's k-means needs at least as many training
+    vectors as centroids: IVF-PQ its ``nlist`` coarse clusters and the 2^nbits codes of each sub-quantizer; the
+    clustering retriever the 16 codes of its 4-bit fast scan (256 with 8-bit codes or ``rerank="pq"``; its own
+    cluster count shrinks to the corpus). Flat, HNSW and BM25 index a corpus of any size."""
+    if config.kind == "ivfpq":
+        return max(config.ivfpq.nlist, 2 ** config.ivfpq.nbits)
+    if config.kind == "cluster":
+        return 256 if (not config.cluster.fast_scan or config.cluster.rerank == "pq") else 16
+    return 1
+
+
+def check_corpus_size(config: IndexConfig, n: int) -> None:
+    """A :class:`CorpusTooSmall` line when ``n`` passages are too few for ``config``: the smallest size its
+    kind needs and what would index them (checked before anything is embedded)."""
+    need = min_corpus_size(config)
+    if n >= need:
+        return
+    works = ["--kind flat (exact search, any size)"]
+    if config.kind == "ivfpq" and n >= 2 ** config.ivfpq.nbits:
+        works.insert(0, f"--nlist {2 ** int(np.log2(n))} or fewer")
+    if config.kind != "cluster" and n >= min_corpus_size(IndexConfig(kind="cluster")):
+        works.append("--kind cluster")
+    raise CorpusTooSmall(f"a corpus of {n} passages is too small for --kind {config.kind}, which needs at least "
+                         f"{need} to train: use {' or '.join(works)}")
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (Linux: ru_maxrss in KiB). Counts memory-mapped pages that were
     resident too, so for a build over a memory map it overstates what the build needs."""
@@ -75,11 +106,15 @@ def write_corpus(passages: Iterable[Passage], out: Path) -> tuple[int, str]:
     """Step 1: ``<out>/corpus.jsonl`` from a stream of passages; (passages, fingerprint)."""
     fingerprint, n = CorpusFingerprint(), 0
     tmp = out / (CORPUS + ".partial")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for passage in passages:
-            fh.write(corpus_line(passage))
-            fingerprint.update(passage)
-            n += 1
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for passage in passages:
+                fh.write(corpus_line(passage))
+                fingerprint.update(passage)
+                n += 1
+    except BaseException:  # a malformed line, a read error, Ctrl-C: no half-written corpus stays behind
+        tmp.unlink()
+        raise
     if n == 0:
         tmp.unlink()
         raise ValueError("cannot build an index over an empty corpus")
@@ -290,7 +325,8 @@ def build_sharded(source: Path | Iterable[Passage], index_config: IndexConfig, o
     passages = iter_corpus(source) if isinstance(source, (str, Path)) else iter(source)
     n, fingerprint = write_corpus(passages, out)
     seconds["corpus"] = time.perf_counter() - t0
-    log(f"corpus: {n} passages -> {out / CORPUS}")
+    check_corpus_size(index_config, n)
+    log(f"corpus: {n} passages")
 
     encoder = encoder or encoder_for(index_config)
     t0 = time.perf_counter()

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
+import uuid
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import faiss
 
@@ -30,6 +34,57 @@ class IndexMismatchError(ValueError):
 
 class CorruptIndexError(ValueError):
     """A file of the saved index is missing, truncated or not what the manifest describes."""
+
+
+class OutFolderError(ValueError):
+    """A build's output folder holds something the build must not mix with or silently replace."""
+
+
+def check_out_folder(out: str | Path, overwrite: bool = False) -> None:
+    """Refuses an ``out`` the build would clobber: a file, a folder holding another index (unless
+    ``overwrite``), or a non-empty folder that holds no index (never emptied: its files are not the build's)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutFolderError(f"--out {out} is a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / MANIFEST).is_file():
+        raise OutFolderError(f"--out {out} is a folder that is not empty and holds no index: choose a new or empty "
+                             "folder (nothing there is overwritten)")
+    if not overwrite:
+        try:
+            manifest = read_manifest(out)
+            what = f"a {manifest.get('kind')} index of {manifest.get('n')} passages"
+        except ValueError:  # a damaged manifest: still an index folder, described without its contents
+            what = "an index"
+        raise OutFolderError(f"--out {out} holds {what}: pass --overwrite to replace it, or choose another --out")
+
+
+@contextmanager
+def building_into(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """A new folder beside ``out`` to build an index in, renamed to ``out`` when the block ends: a failed or
+    interrupted build leaves nothing behind (its folder is removed) and ``out`` is never half-written. With
+    ``overwrite`` an index already in ``out`` is replaced whole, its files removed once the new one is in
+    place; without it, or for a folder that holds no index, :func:`check_out_folder` refuses first."""
+    out = Path(out)
+    check_out_folder(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.building-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:  # an error or Ctrl-C: the half-built folder goes, then the exception goes on
+        shutil.rmtree(tmp)
+        raise
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    if out.exists():
+        old = out.with_name(f".{out.name}.replaced-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, out)
 
 
 def _describe(err: BaseException) -> str:

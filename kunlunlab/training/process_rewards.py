@@ -55,6 +55,7 @@ from typing import Callable, Iterable, Sequence
 from kunlunlab.agent.backends import Backend, SamplingConfig, chat_prompt_ids, text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE, SYSTEM_PROMPT, build_messages, parse_turn
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
+from kunlunlab.configs import choice, non_negative, positive, within
 from kunlunlab.eval.metrics import f1
 from kunlunlab.training.path_judge import PathJudge
 
@@ -68,18 +69,18 @@ ACTIONS = ("root", "search", "answer", "none")  # "none": a turn that neither se
 class MCTSConfig:
     """ReasonRAG's tree search (arXiv 2505.14069), per question."""
 
-    iterations: int = 16             # selections per tree (each expands one leaf or revisits a terminal)
-    children_per_node: int = 3       # samples per expansion (identical samples merge)
-    c_uct: float = 1.0               # UCT exploration constant
-    max_depth: int = 6               # model turns on a path; a node at max_depth must answer (else it is worth 0)
-    alpha: float = 0.9               # SPRE discount per step
-    value_source: str = "gold"       # selection value of a non-terminal leaf: "gold" | "rollout" | "judge"
-    rollouts_k: int = 2              # continuations per leaf for value_source="rollout"
-    temperature: float = 1.0         # sampling of expansions and rollouts
-    top_p: float = 1.0
-    seed: int = 0
-    min_gap: float = 0.01            # preference pairs: least value difference between siblings
-    trees_per_batch: int = 16        # trees searched together (rows per generate call: this × children_per_node)
+    iterations: int = positive(16)   # selections per tree (each expands one leaf or revisits a terminal)
+    children_per_node: int = positive(3)  # samples per expansion (identical samples merge)
+    c_uct: float = non_negative(1.0)  # UCT exploration constant
+    max_depth: int = positive(6)     # model turns on a path; a node at max_depth must answer (else it is worth 0)
+    alpha: float = within(0.9, 0, 1, low_open=True)  # SPRE discount per step
+    value_source: str = choice("gold", VALUE_SOURCES)  # selection value of a non-terminal leaf: "gold" | "rollout" | "judge"
+    rollouts_k: int = positive(2)    # continuations per leaf for value_source="rollout"
+    temperature: float = non_negative(1.0)  # sampling of expansions and rollouts
+    top_p: float = within(1.0, 0, 1, low_open=True)
+    seed: int = non_negative(0)
+    min_gap: float = non_negative(0.01)  # preference pairs: least value difference between siblings
+    trees_per_batch: int = positive(16)  # trees searched together (rows per generate call: this × children_per_node)
     judge_url: str | None = None     # value_source="judge": an OpenAI-compatible server (…/v1/chat/completions)
     judge_model: str | None = None
     force_answer_notice: str = "Step limit reached. Answer now with what you know."

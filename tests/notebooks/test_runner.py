@@ -114,3 +114,107 @@ def test_each_notebook_reports_its_peak_resident_memory(tmp_path, monkeypatch):
     record = summary["notebooks"][0]
     assert record["ok"] and 0.4 * 1e9 / 2**30 <= record["peak_rss_gb"] < 4  # the array and a kernel, not more
     assert f"peak {record['peak_rss_gb']} GB resident" in (tmp_path / "run" / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------- parameters checked before the run
+def _series(tmp_path, monkeypatch, notebooks: dict[str, tuple[str, str]]):
+    """A series of notebooks: name -> (parameters cell, body), in NOTEBOOK_DIR for the runner."""
+    (tmp_path / "nbs").mkdir()
+    for name, (params, body) in notebooks.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
+        nb.cells[0].metadata["tags"] = ["parameters"]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+
+
+PARAMS_CELL = ("run_dir = None\nsmoke = False\nn_items = 3   # items, e.g. k = 3\nscale = 0.5\nlabel = 'x'\n"
+               "names = ['a', 'b']\nlimit: int | None = None\nmodel = None\nrate = None\n")
+
+
+def test_the_parameters_cell_gives_each_parameter_its_type(tmp_path, monkeypatch):
+    _series(tmp_path, monkeypatch, {"01_a": (PARAMS_CELL, "pass")})
+    cell = runner.parameter_cell(runner.notebooks()[0])
+    assert cell["n_items"] == (int, 3) and cell["scale"] == (float, 0.5) and cell["label"] == (str, "x")
+    assert cell["names"] == (list[str], ["a", "b"]) and cell["limit"] == (int | None, None)
+    assert cell["model"] == (str | None, None)  # a None default: a string (a path, a model), unless declared
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"n_itemz": 4}, "notebook 01_a: unknown keys ['n_itemz']"),
+    ({"n_items": "4"}, "notebook 01_a: n_items='4': expected an integer"),
+    ({"n_items": 4.5}, "notebook 01_a: n_items=4.5: expected an integer"),
+    ({"smoke": 1}, "notebook 01_a: smoke=1: expected true or false"),
+    ({"names": ["a", 2]}, "notebook 01_a: names[1]=2: expected a string"),
+    ({"limit": "all"}, "notebook 01_a: limit='all': expected an integer or null"),
+])
+def test_a_bad_parameter_stops_the_series_before_anything_runs(tmp_path, monkeypatch, given, message):
+    _series(tmp_path, monkeypatch, {"01_a": (PARAMS_CELL, "pass"), "02_b": ("run_dir = None", "pass")})
+    with pytest.raises(runner.ConfigError) as refused:
+        runner.run_notebooks(out_dir=tmp_path / "run", params={"01_a": given})
+    assert str(refused.value).startswith(message)
+    assert not (tmp_path / "run").exists()  # nothing ran, no run folder
+    runner.check_params(runner.notebooks(), {"01_a": {"n_items": 4, "scale": 2, "limit": None, "rate": "x"}})
+
+
+def test_only_must_match_a_notebook(tmp_path, monkeypatch):
+    _series(tmp_path, monkeypatch, {"01_a": ("run_dir = None", "pass"), "02_b": ("run_dir = None", "pass")})
+    assert [p.stem for p in runner.select_notebooks(["02"])] == ["02_b"]
+    with pytest.raises(runner.ConfigError, match="no notebook matches --only 99_nope; the notebooks: 01_a, 02_b"):
+        runner.select_notebooks(["01", "99_nope"])
+
+
+def test_training_overrides_are_checked_as_a_train_config():
+    path = next(p for p in runner.notebooks() if p.stem == "04_training")
+    runner.check_params([path], {"04_training": {"overrides": {"sft.learning_rate": 1e-4}}})
+    with pytest.raises(runner.ConfigError, match=r"notebook 04_training: overrides: .*unknown keys \['learning_rat'\] in sft"):
+        runner.check_params([path], {"04_training": {"overrides": {"sft.learning_rat": 1e-4}}})
+    with pytest.raises(runner.ConfigError, match=r"notebook 04_training: overrides: .*dapo.steps='8': expected an int"):
+        runner.check_params([path], {"04_training": {"overrides": {"dapo.steps": "8"}}})
+
+
+def test_a_failed_notebook_is_one_line_and_exit_1_from_the_command(tmp_path, monkeypatch, capsys):
+    from kunlunlab.cli import main
+
+    _series(tmp_path, monkeypatch, {"01_ok": ("run_dir = None\nsmoke = False", "pass"),
+                                    "02_broken": ("run_dir = None\nsmoke = False", "1 / 0")})
+    assert main(["run-notebooks", "--out", str(tmp_path / "run"), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == ("kunlunlab run-notebooks: 1 notebook(s) failed, first 02_broken "
+                                        "(ZeroDivisionError: division by zero; cell 3 of its executed copy); executed "
+                                        f"copies and summary.json in {tmp_path / 'run'}")
+
+
+def test_ctrl_c_keeps_the_finished_notebooks_and_says_how_to_go_on(tmp_path, monkeypatch, capsys):
+    from kunlunlab.cli import main
+
+    cell = "run_dir = None\nsmoke = False"
+    _series(tmp_path, monkeypatch, {"01_a": (cell, "pass"), "02_b": (cell, "pass"), "03_c": (cell, "pass")})
+    real = runner.run_notebook
+
+    def interrupt_02(path, *args, **kwargs):
+        if path.stem == "02_b":
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_notebook", interrupt_02)
+    run = tmp_path / "run"
+    assert main(["run-notebooks", "--out", str(run), "--smoke", "--no-progress"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kunlunlab run-notebooks: interrupted; stopped in 02_b; the notebooks finished before it are in "
+                   f"{run} (summary.json): go on with `kunlunlab run-notebooks --out {run} --only 02_b 03_c --smoke`"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["interrupted"] == "02_b" and summary["ok"] is False
+    assert [r["notebook"] for r in summary["notebooks"]] == ["01_a"]
+
+
+def test_a_series_continued_in_the_same_folder_hands_on_the_model_trained_there(tmp_path, monkeypatch):
+    report = "import json\nfrom pathlib import Path\n(Path(run_dir) / 'metrics.json').write_text(json.dumps({'model': model}))"
+    _series(tmp_path, monkeypatch, {"04_training": ("run_dir = None\nsmoke = False", "pass"),
+                                    "05_stie_tuning": ("run_dir = None\nsmoke = False\nmodel = None", report)})
+    final = tmp_path / "run" / "04_training" / "dapo" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True, only=["05"])
+    assert summary["ok"] and summary["notebooks"][0]["metrics"] == {"model": str(final)}

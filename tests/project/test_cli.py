@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,8 @@ def _one_error_line(capsys, argv) -> str:
 
 def test_eval_unknown_dataset_and_method_are_one_line_errors(capsys):
     assert "'no_such_set' is neither 'world'" in _one_error_line(capsys, ["eval", "--dataset", "no_such_set"])
-    assert "unknown method 'magic'" in _one_error_line(capsys, ["eval", "--dataset", "world", "--method", "magic"])
+    assert "method='magic': expected one of 'naive_gen'" in _one_error_line(capsys, ["eval", "--dataset", "world",
+                                                                                     "--method", "magic"])
 
 
 def test_eval_malformed_data_file_is_a_one_line_error(tmp_path, capsys):
@@ -171,7 +173,9 @@ def test_suite_writes_table2_and_ablations_from_the_records(tmp_path, monkeypatc
     assert seen["cfg"].model == str(checkpoint)
     tables = (out / "tables.md").read_text()
     assert "## Table 2 (EM / LJ %)" in tables and "## Ablations on world" in tables  # notebook 06's titles
-    assert "| naive_rag | 0.0 | – |" in tables and "| kunlun | 50.0 | – |" in tables
+    # each row names its model: the baseline on the untrained backbone, kunlun on the checkpoint
+    assert "| naive_rag | SmolLM2-135M-Instruct (embedded) | 0.0 | – |" in tables
+    assert f"| kunlun | {checkpoint} | 50.0 | – |" in tables
     assert "| −RDRA | 4 | 25.0 | 25.0 | 2.0 | -25.0 [" in tables
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["out"] == str(out) and last["em"] == {"world/kunlun": 0.5}
@@ -181,7 +185,7 @@ def test_suite_writes_table2_and_ablations_from_the_records(tmp_path, monkeypatc
 @pytest.mark.parametrize("argv, message", [
     (["suite", "--set", "no_such_key=1"], "unknown keys ['no_such_key']"),
     (["suite", "--model", "/no/such/checkpoint"], "checkpoint not found: /no/such/checkpoint"),
-    (["suite", "--set", 'ablations=["−NOPE"]'], "unknown ablations"),
+    (["suite", "--set", 'ablations=["−NOPE"]'], "ablations[0]='−NOPE': expected one of '−RDRA'"),
     (["suite", "--config", "/no/such/suite.json"], "suite config not found"),
 ])
 def test_suite_input_errors_are_one_line(argv, message, capsys):
@@ -201,3 +205,163 @@ def test_train_arms_script_refuses_an_incomplete_arm_list():
     for args in ([], ["out"], ["out", "common", "only_a_name"]):
         proc = subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 2 and proc.stderr.startswith("usage: ")
+
+
+# ---------------------------------------------------------------------------- one convention for every command
+# bad input: one line on stderr, exit 2; a fault during the work: one line, exit 1; Ctrl-C: one line, exit 130
+KUNLUNLAB = [str(Path(sys.executable).parent / "kunlunlab")] if (Path(sys.executable).parent / "kunlunlab").is_file() \
+    else [sys.executable, "-m", "kunlunlab.cli"]
+
+
+def _tiny_corpus(tmp_path, n: int = 5) -> str:
+    path = tmp_path / f"corpus{n}.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "contents": f'"T{i}"\npassage {i}'}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def _index_folder(tmp_path) -> str:
+    folder = tmp_path / "old_index"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"kind": "flat", "n": 7}))
+    (folder / "index.faiss").write_text("")
+    return str(folder)
+
+
+def _params(tmp_path, params: dict) -> str:
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps(params))
+    return str(path)
+
+
+# (case, argv given tmp_path, what the one stderr line says); every one exits 2 before any work starts
+BAD_INPUT = [
+    ("train --set dapo.learning_rate=abc", lambda t: ["train", "--dry-run", "--set", "dapo.learning_rate=abc"],
+     "kunlunlab train: config: dapo.learning_rate='abc': expected a number > 0"),
+    ("train --set sft.learning_rate=abc (no --dry-run)", lambda t: ["train", "--set", "sft.learning_rate=abc"],
+     "kunlunlab train: config: sft.learning_rate='abc': expected a number > 0"),
+    ("train --set sft.batch_size=-4", lambda t: ["train", "--dry-run", "--set", "sft.batch_size=-4"],
+     "kunlunlab train: config: sft.batch_size=-4: expected an integer > 0"),
+    ("train --set sft.batch_size=0", lambda t: ["train", "--dry-run", "--set", "sft.batch_size=0"],
+     "kunlunlab train: config: sft.batch_size=0: expected an integer > 0"),
+    ("eval --set rollout.top_k=abc", lambda t: ["eval", "--dataset", "world", "--set", "rollout.top_k=abc"],
+     "kunlunlab eval: eval config: rollout.top_k='abc': expected an integer > 0"),
+    ("build-index, 5 passages, default kind", lambda t: ["build-index", "--corpus", _tiny_corpus(t), "--out", str(t / "i")],
+     "kunlunlab build-index: a corpus of 5 passages is too small for --kind cluster, which needs at least 16"),
+    ("build-index, 5 passages, --kind ivfpq",
+     lambda t: ["build-index", "--corpus", _tiny_corpus(t), "--kind", "ivfpq", "--out", str(t / "i")],
+     "kunlunlab build-index: a corpus of 5 passages is too small for --kind ivfpq, which needs at least 1024"),
+    ("build-index, --out holds another index",
+     lambda t: ["build-index", "--corpus", _tiny_corpus(t), "--kind", "flat", "--out", _index_folder(t)],
+     "holds a flat index of 7 passages: pass --overwrite to replace it"),
+    ("build-index --engine stream, 5 passages",
+     lambda t: ["build-index", "--corpus", _tiny_corpus(t), "--engine", "stream", "--out", str(t / "i")],
+     "kunlunlab build-index: a corpus of 5 passages is too small for --kind cluster"),
+    ("build-index --kind nope", lambda t: ["build-index", "--kind", "nope", "--out", str(t / "i")],
+     "kunlunlab build-index: argument --kind: invalid choice: 'nope'"),
+    ("run-notebooks --only 99_nope", lambda t: ["run-notebooks", "--only", "99_nope", "--out", str(t / "r")],
+     "kunlunlab run-notebooks: no notebook matches --only 99_nope; the notebooks: 01_index_build"),
+    ("run-notebooks --params, unknown notebook",
+     lambda t: ["run-notebooks", "--params", _params(t, {"99_nope": {}}), "--out", str(t / "r")],
+     "unknown notebooks ['99_nope']"),
+    ("run-notebooks --params, unknown parameter",
+     lambda t: ["run-notebooks", "--only", "03", "--params", _params(t, {"03_reward_design": {"w_nope": 1}}),
+                "--out", str(t / "r")],
+     "kunlunlab run-notebooks: notebook 03_reward_design: unknown keys ['w_nope']"),
+    ("run-notebooks --params, wrong type",
+     lambda t: ["run-notebooks", "--only", "03", "--params", _params(t, {"03_reward_design": {"w_format": "high"}}),
+                "--out", str(t / "r")],
+     "kunlunlab run-notebooks: notebook 03_reward_design: w_format='high': expected a number"),
+    ("run-notebooks --params, bad training override",
+     lambda t: ["run-notebooks", "--only", "04", "--params",
+                _params(t, {"04_training": {"overrides": {"sft.batch_size": 0}}}), "--out", str(t / "r")],
+     "kunlunlab run-notebooks: notebook 04_training: overrides: experiments/configs/training/train_embedded_cpu.json: "
+     "sft.batch_size=0: expected an integer > 0"),
+    ("serve-retriever --index missing", lambda t: ["serve-retriever", "--index", str(t / "none")],
+     "kunlunlab serve-retriever: no index at"),
+    ("train-router --epochs 0", lambda t: ["train-router", "--epochs", "0", "--out", str(t / "r.pt")],
+     "kunlunlab train-router: argument --epochs: '0': expected an integer >= 1"),
+    ("compare-runs x", lambda t: ["compare-runs", "x"], "kunlunlab compare-runs: expected label=run_folder"),
+    ("suite --set no_such_key=1", lambda t: ["suite", "--set", "no_such_key=1"], "unknown keys ['no_such_key']"),
+]
+
+
+@pytest.mark.slow
+def test_bad_input_is_one_line_on_stderr_and_exit_2_from_the_real_command(tmp_path):
+    """Each case as a subprocess of the installed ``kunlunlab`` (about 3 s each: imports)."""
+    for number, (case, argv, message) in enumerate(BAD_INPUT):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        proc = subprocess.run([*KUNLUNLAB, *argv(folder)], capture_output=True, text=True, timeout=300)
+        lines = proc.stderr.strip().splitlines()
+        assert (proc.returncode, len(lines)) == (2, 1), (case, proc.returncode, proc.stderr[-2000:])
+        assert message in lines[0] and lines[0].startswith("kunlunlab "), (case, lines[0])
+        assert not (folder / "i").exists() and not (folder / "r").exists(), case  # nothing started
+
+
+@pytest.mark.parametrize("case, argv, message", BAD_INPUT, ids=[c for c, _, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2_in_process(case, argv, message, tmp_path, capsys):
+    try:
+        code = main(argv(tmp_path))
+    except SystemExit as stop:  # argparse exits itself (after its one line), as for --help
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_argparse_errors_are_one_line_too(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--world-size", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("kunlunlab train: argument --world-size: '0': expected an integer >= 1 "
+                                       "(see kunlunlab train --help)\n")
+
+
+def test_ctrl_c_during_training_says_what_was_kept_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    import kunlunlab.training.pipeline as pipeline
+
+    def interrupted(config, run_dir, progress=print):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "train", interrupted)
+    run_dir = tmp_path / "run"
+    assert main(["train", "--smoke", "--run-dir", str(run_dir), "--set", "dapo.steps=2", "hotpot=false"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kunlunlab train: interrupted; {run_dir} keeps every finished stage and the last checkpoint "
+                   "(train_config.json, state.json): resume with "
+                   f"`kunlunlab train --run-dir {run_dir} --smoke --set dapo.steps=2 hotpot=false`"]
+
+
+def test_a_ctrl_c_a_command_does_not_answer_is_one_line_and_exit_130(monkeypatch, capsys):
+    import kunlunlab.training.records as records
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(records, "compare_runs", interrupted)
+    assert main(["compare-runs", "a=x", "b=y"]) == 130
+    assert capsys.readouterr().err == "kunlunlab compare-runs: interrupted; nothing was written; the run folders " \
+                                      "are unchanged\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_real_training_run_is_one_line_and_resumes(tmp_path):
+    """SIGINT to ``kunlunlab train --smoke`` once it has started working: one line naming the command that
+    resumes the run, exit 130, no traceback; the run folder keeps its config."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([*KUNLUNLAB, "train", "--smoke", "--run-dir", str(run_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (run_dir / "state.json").is_file() and time.time() < deadline:  # the work has started
+        time.sleep(0.5)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last == f"kunlunlab train: interrupted; {run_dir} keeps every finished stage and the last checkpoint " \
+                   f"(train_config.json, state.json): resume with `kunlunlab train --run-dir {run_dir} --smoke`"
+    assert (run_dir / "train_config.json").is_file()

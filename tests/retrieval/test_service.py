@@ -1,5 +1,7 @@
 import contextlib
+import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -14,8 +16,8 @@ from fastapi.responses import JSONResponse
 from kunlunlab.cli import main as cli_main
 from kunlunlab.retrieval import Hit, IndexConfig, build_retriever, load_retriever, save_retriever
 from kunlunlab.bench.loadtest import run_load
-from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError, free_port
-from kunlunlab.retrieval.service import ServiceThread, create_app
+from kunlunlab.retrieval.client import API_KEY_ENV, RemoteRetriever, RetrievalClient, RetrievalServiceError, free_port
+from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread, create_app
 
 
 @pytest.fixture(scope="module")
@@ -218,12 +220,12 @@ def _truncate(path, keep: float) -> None:
      "corpus.jsonl does not match the manifest (100 passages, manifest n=300)"),
     (lambda f: (f / "manifest.json").write_text('{"kind": "flat"}'), "manifest.json is incomplete"),
 ])
-def test_serve_refuses_a_missing_or_corrupt_index_in_one_line(saved_flat, damage, message):
+def test_serve_refuses_a_missing_or_corrupt_index_in_one_line(saved_flat, damage, message, capsys):
     damage(saved_flat)
-    with pytest.raises(SystemExit) as refused:
-        cli_main(["serve-retriever", "--index", str(saved_flat), "--port", str(free_port())])
-    text = str(refused.value.code)
-    assert text.startswith("kunlunlab serve-retriever: ") and "\n" not in text and message in text
+    code = cli_main(["serve-retriever", "--index", str(saved_flat), "--port", str(free_port())])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith("kunlunlab serve-retriever: ") and message in lines[0]
 
 
 @pytest.mark.slow
@@ -232,7 +234,7 @@ def test_serve_refusal_from_the_command_line_has_no_traceback(saved_flat):
     done = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "serve-retriever", "--index", str(saved_flat),
                            "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 1 and "Traceback" not in done.stderr and len(lines) == 1
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(lines) == 1
     assert lines[0].startswith("kunlunlab serve-retriever: ") and "rebuild it" in lines[0]
 
 
@@ -284,3 +286,150 @@ def test_load_survives_a_service_killed_and_restarted_mid_load(tmp_path, world, 
         for answer in answers:  # every answer, from either process, the same ranked hits
             assert [doc_id for doc_id, _ in answer] == [h.id for h in hits]
             assert [score for _, score in answer] == pytest.approx([h.score for h in hits], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- bounded work (issue 44)
+class RecordingRetriever:
+    """Records each search's queries (the warm-up aside); the first search waits for ``go`` when ``gate`` is set,
+    every search takes ``delay_s``."""
+
+    kind = "fake"
+    encoder = None
+
+    def __init__(self, gate: bool = False, delay_s: float = 0.0):
+        self.passages = ["p"] * 3
+        self.batches: list[list[str]] = []
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.delay_s = delay_s
+        if not gate:
+            self.go.set()
+
+    def search(self, queries, k):
+        if queries != [WARMUP_QUERY]:
+            self.batches.append(list(queries))
+            self.entered.set()
+            self.go.wait(10)
+            time.sleep(self.delay_s)
+        return [[Hit(f"id-{q[:8]}", q, 1.0)] for q in queries]
+
+
+MAXIMAL = [f"q{i:03d}-" + "x" * 2043 for i in range(256)]  # 256 queries of 2048 characters: the largest request
+
+
+def _wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_a_one_query_request_waits_for_one_batch_not_for_a_maximal_request():
+    fake = RecordingRetriever(gate=True)
+    with ServiceThread(fake) as url, ThreadPoolExecutor(2) as pool:
+        big = pool.submit(httpx.post, url + "/retrieve", json={"queries": MAXIMAL, "topk": 100}, timeout=60)
+        assert fake.entered.wait(10)  # the first slice of the maximal request is being searched
+        # the same topk, so the next batch is one search (a batch is searched once per distinct topk)
+        small = pool.submit(httpx.post, url + "/retrieve", json={"queries": ["small"], "topk": 100}, timeout=60)
+        _wait_until(lambda: httpx.get(url + "/health").json()["queue"] == 256 - len(fake.batches[0]) + 1)
+        fake.go.set()
+        small, big = small.result(), big.result()
+    assert small.status_code == 200 and small.json()["result"][0][0]["id"] == "id-small"
+    assert fake.batches[1] == [MAXIMAL[len(fake.batches[0])], "small"]  # next, beside one query of the large one
+    assert len(fake.batches[0]) == 4 and all(sum(map(len, b)) <= 8192 for b in fake.batches)  # 4 x 2048 characters
+    assert big.status_code == 200 and [row[0]["id"] for row in big.json()["result"]] == [f"id-{q[:8]}" for q in MAXIMAL]
+
+
+def test_the_queries_of_a_client_that_left_are_not_searched():
+    fake = RecordingRetriever(delay_s=0.05)  # 32 slices of the maximal request: 1.6 s
+    with ServiceThread(fake) as url:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/retrieve", json={"queries": MAXIMAL, "topk": 3}, timeout=0.3)
+        _wait_until(lambda: httpx.get(url + "/health").json()["queue"] == 0)
+        time.sleep(0.2)
+        searched = sum(len(b) for b in fake.batches)
+        assert httpx.post(url + "/retrieve", json={"queries": ["next"]}).status_code == 200
+    assert 0 < searched < 256
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read():
+    from kunlunlab.retrieval.service import default_max_body_bytes
+
+    limit = default_max_body_bytes(256, 2048)
+    with ServiceThread(RecordingRetriever()) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:  # declares 40 MB, sends 13 bytes
+            sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 40000000\r\n\r\n{\"queries\": [")
+            reply = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after its answer
+                reply += chunk
+            reply = reply.decode()
+        assert httpx.post(url + "/retrieve", json={"queries": MAXIMAL}, timeout=30).status_code == 200  # fits
+    assert reply.startswith("HTTP/1.1 413") and "connection: close" in reply.lower()
+    assert f"request body of 40000000 bytes is over the limit of {limit} bytes (max_body_bytes)" in reply
+
+
+def test_health_states_the_limits(service):
+    url, _ = service
+    health = httpx.get(url + "/health").json()
+    assert health["limits"] == {"max_queries": 256, "max_topk": 100, "max_query_chars": 2048,
+                                "max_body_bytes": 256 * (6 * 2048 + 8) + 4096, "max_queue": 1024,
+                                "max_batch_queries": 64, "max_batch_chars": 8192}
+    assert health["api_key"] is False
+
+
+def test_the_api_key_is_required_and_the_clients_send_it(monkeypatch):
+    with ServiceThread(RecordingRetriever(), api_key="s3cret") as url:
+        refused = httpx.post(url + "/retrieve", json={"queries": ["q"]})
+        health = httpx.get(url + "/health")  # open, for probes
+        given = RetrievalClient(url, api_key="s3cret").retrieve(["q"])
+        monkeypatch.setenv(API_KEY_ENV, "s3cret")
+        from_env = RemoteRetriever(url).search(["q"], 1)
+        monkeypatch.setenv(API_KEY_ENV, "wrong")
+        with pytest.raises(RetrievalServiceError, match="HTTP 401"):
+            RetrievalClient(url, retries=0).retrieve(["q"])
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    assert "Authorization: Bearer" in refused.json()["detail"]
+    assert health.status_code == 200 and health.json()["api_key"] is True
+    assert given[0][0].id == from_env[0][0].id == "id-q"
+
+
+def test_stopping_refuses_the_queued_requests_and_answers_the_one_in_flight():
+    fake = FakeRetriever()
+    service = ServiceThread(fake, max_batch_queries=1, batch_window_ms=0)
+    url = service.start()
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(httpx.post, url + "/retrieve", json={"queries": ["slow 0"]}, timeout=30)
+        assert fake.entered.wait(10)
+        queued = pool.submit(httpx.post, url + "/retrieve", json={"queries": ["q1"]}, timeout=30)
+        _wait_until(lambda: httpx.get(url + "/health").json()["queue"] == 1)
+        stopper = threading.Thread(target=service.stop)
+        stopper.start()  # what the first SIGTERM does (make_server): queued work is refused at once
+        refused = queued.result()
+        fake.release.set()
+        answered = busy.result()
+        stopper.join()
+    assert refused.status_code == 503 and refused.json()["detail"] == "the service is shutting down"
+    assert answered.status_code == 200 and not service.thread.is_alive()
+
+
+def test_serve_refuses_an_embedder_that_is_not_here_in_one_line(saved_flat, capsys):
+    manifest = json.loads((saved_flat / "manifest.json").read_text())
+    manifest["embedder"] = "no-such-org/no-such-embedder"
+    (saved_flat / "manifest.json").write_text(json.dumps(manifest))
+    code = cli_main(["serve-retriever", "--index", str(saved_flat), "--port", str(free_port())])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith("kunlunlab serve-retriever: Cannot load embedder 'no-such-org/no-such-embedder'")
+
+
+@pytest.mark.slow
+def test_the_retriever_overload_benchmark_measures_small_requests_beside_maximal_ones():
+    """``python -m kunlunlab.bench retriever-overload`` at a tiny size, on the real ``serve-retriever``."""
+    from kunlunlab.bench import RetrieverOverloadBenchConfig, bench_retriever_overload
+
+    result = bench_retriever_overload(RetrieverOverloadBenchConfig(duration=4, alone=1, n=300, small_clients=2,
+                                                                   big_queries=32, threads=1))
+    beside, maximal = result["beside_maximal"], result["maximal"]
+    assert beside["ok"] >= 1 and beside["ok"] == beside["requests"] and maximal["errors"] == 0
+    assert maximal["ok"] >= 1 and result["sigterm_exit_s"] is not None
