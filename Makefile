@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test test-fast lab app bench clean constraints
+.PHONY: setup run test test-fast test-gpuenv lab app bench clean constraints constraints-gpu
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The GPU path in the GPU environments, simulated on this CPU (experiments/scripts/gpu_env.py): the gpu extra's versions
+# (constraints-gpu.txt) and the device image's plus the GPU check's wheels; in each the GPU check at toy size and the
+# training tests. .ci/run calls it after make test. The two virtualenvs live in .venv-gpuenv/, rebuilt when changed.
+test-gpuenv: setup
+	$(BIN)/python experiments/scripts/gpu_env.py test
 
 # The inner loop: every test but the slow ones (training runs, notebook executions, benchmarks, browsers).
 test-fast: setup
@@ -61,5 +67,10 @@ constraints:
 	mv constraints.new constraints.txt && rm -rf .venv-upgrade
 	rm -f $(STAMP)
 
+# The GPU environment's lock: what `pip install torch==2.13.0 -e '.[gpu,dev]'` resolves, written to constraints-gpu.txt
+# (a dry run: nothing is installed). Redo it when the gpu extra or the project's dependencies change.
+constraints-gpu:
+	$(PYTHON) experiments/scripts/gpu_env.py lock
+
 clean:
-	rm -rf $(VENV) experiments/runs
+	rm -rf $(VENV) .venv-gpuenv experiments/runs

@@ -49,3 +49,21 @@ def notebook_run_dir(run_dir: str | Path | None, notebook: str) -> Path:
         path = base / f"{stamp}-{notebook}-{n}"
     path.mkdir(parents=True)
     return path
+
+
+def jsonl_path(path: str | Path) -> Path:
+    """``path``, or ``path.gz`` where only the compressed file is there: kept records under experiments/results are
+    stored gzipped (the tree travels to a GPU machine within 64 MiB), and every reader finds them either way."""
+    path = Path(path)
+    compressed = path.with_name(path.name + ".gz")
+    return compressed if not path.is_file() and compressed.is_file() else path
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The JSON lines of ``path`` (or of ``path.gz``, see :func:`jsonl_path`), blank lines skipped."""
+    import gzip
+    import json
+
+    path = jsonl_path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

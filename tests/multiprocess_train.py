@@ -60,17 +60,26 @@ def install_generation_server_stand_in(run_dir: Path) -> None:
             return {"model_config": {"logprobs_mode": "processed_logprobs"}}
 
         def sync_weights(self):
+            """The main process "pushes" for 2 s (TRL's NCCL broadcast to the server), the others return at once,
+            as under ZeRO-2; each records when its sync started and ended."""
+            import time
+
+            start = time.time()
+            if self.accelerator.is_main_process:
+                time.sleep(2.0)
             with (run_dir / f"rank{self.accelerator.process_index}_syncs.jsonl").open("a") as f:
-                f.write("{}\n")
+                f.write(json.dumps({"start": start, "end": time.time()}) + "\n")
 
     complete = openai_backend.OpenAIBackend.complete
 
     def recording_complete(self, prompts, *args, **kwargs):
+        import time
+
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         with (run_dir / f"rank{rank}_server_calls.jsonl").open("a") as f:
-            f.write(json.dumps({"rank": rank, "url": self.url, "prompts": len(prompts)}) + "\n")
+            f.write(json.dumps({"rank": rank, "url": self.url, "prompts": len(prompts), "time": time.time()}) + "\n")
         return complete(self, prompts, *args, **kwargs)
 
     grpo.VLLMGeneration = WeightSyncStandIn
@@ -86,7 +95,12 @@ def main(argv: list[str]) -> int:
     install_reward_recorder(run_dir)
     if os.environ.get("KUNLUNLAB_TEST_GENERATION_SERVER"):
         install_generation_server_stand_in(run_dir)
-    return cli(argv)
+    code = cli(argv)
+    from kunlunlab.retrieval.encoder import passages_embedded
+
+    rank = int(os.environ.get("RANK", 0))  # how many passages this process embedded (the shared index: rank 0 only)
+    (run_dir / f"rank{rank}_embedded.json").write_text(json.dumps({"passages": passages_embedded()}))
+    return code
 
 
 if __name__ == "__main__":

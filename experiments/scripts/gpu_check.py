@@ -1,27 +1,41 @@
-"""The GPU check of issue 33, one call on one H100/H200 with no internet and nothing from a model hub.
+"""The GPU check (issues 33 and 42): one call of at most 10 minutes on one H100/H200, no internet, nothing from a hub.
 
 A randomly initialised model with Qwen2.5-7B's shape in bf16 (experiments/configs/gpu_check/qwen2.5-7b.json) and
-the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gpu_check.sh):
+the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gpu_check.sh), part by part:
 
-1. generation: the rollout engine's tokens/s against plain ``generate`` at batch 64 (greedy, same prompts);
-2. one LoRA micro-batch step and one full-parameter micro-batch step with gradient checkpointing (peak memory,
-   tokens/s);
-3. one DAPO step through the rollout engine with LoRA (``run_dapo`` + ``SearchRollout``, 8 prompts × 8 samples;
-   retrieval is a fixed passage list: this measures the trainer, not a corpus);
-4. exact search on the GPU over the largest random 768-dim corpus that fits (21M when it does) against FAISS's
-   exact CPU search on a slice, batches of 64 queries (``python -m kunlunlab.bench exact-search``).
+1. ``generation``: the rollout engine's tokens/s against plain ``generate`` at batch 64 (greedy, same prompts), and
+   whether their greedy tokens agree (rows identical, mean shared prefix), beside the noise floor of ``generate``
+   itself (batch 64 against one row at a time, 4 rows): the check for an attention-kernel bug like the CPU one
+   docs/scaling.md describes;
+2. ``lora_step``, ``full_step``: one LoRA and one full-parameter micro-batch step with gradient checkpointing (peak
+   memory, tokens/s);
+3. ``dapo_step``: one DAPO update through TRL with LoRA, rollouts by the engine (8 prompts x 8 samples; retrieval is
+   a fixed passage: this measures the trainer, not a corpus);
+4. ``exact_search``: exact search on the GPU over the largest random 768-dim corpus that fits (21M when it does)
+   against FAISS's exact CPU search on a slice, batches of 64 queries (``python -m kunlunlab.bench exact-search``);
+5. ``end_to_end``: the workbench itself on the GPU: ``kunlunlab train`` with the one-GPU LoRA recipe
+   (train_qwen7b_lora_1gpu.json) on a randomly initialised model of Qwen2.5-0.5B's architecture at a size that fits
+   the call (a few SFT and DAPO steps, evaluations before and after), then ``kunlunlab eval`` on its final model:
+   wall time and peak GPU memory per stage.
 
-Each part's numbers, or the error that stopped it, go into one JSON (``$OUT/gpu_check.json`` on the device machine,
-else experiments/results/gpu_check/gpu_check.json); the last line printed is that JSON. ``--tiny`` runs every part
-at toy size on the CPU, which is how the script itself is tested (tests/training/test_gpu_check.py)."""
+Parts run in that order while the time budget (``--budget-s``) lasts; a part that would not fit is recorded as
+skipped with the seconds left. Each part's numbers, or the error that stopped it, go into one JSON (``--out``;
+``$OUT/gpu_check.json`` on the device machine, else experiments/results/gpu_check/gpu_check.json); the last line
+printed is that JSON. Everything else (the DAPO checkpoint, the end-to-end run) is written under ``--work``
+(/tmp), never beside the JSON: a device call brings back 8 files of 16 MiB at most. ``--tiny`` runs every part at
+toy size on the CPU, which is how the script is tested (tests/training/test_gpu_check.py, in the CPU lock's and in
+the GPU environments' versions: ``make test-gpuenv``)."""
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -31,8 +45,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = ROOT / "experiments/configs/gpu_check/qwen2.5-7b.json"
+LORA_RECIPE = ROOT / "experiments/configs/training/train_qwen7b_lora_1gpu.json"
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2}
+# Qwen2.5-0.5B's architecture (its published config.json) for the end-to-end run: the recipe's code path at a size
+# whose SFT, DAPO and evaluations fit the call's minutes
+SMALL = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+         "num_key_value_heads": 2, "tie_word_embeddings": True}
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "numpy", "huggingface_hub", "tokenizers",
+            "safetensors", "sentence-transformers", "faiss-cpu", "fastapi", "pydantic", "typing_extensions", "pandas",
+            "pyarrow", "scikit-learn", "scipy", "setuptools", "vllm", "deepspeed")
+# seconds a part needs at least on the GPU (measured shapes; the budget skips what would not fit)
+NEEDS = {"generation": 60, "lora_step": 20, "dapo_step": 90, "full_step": 30, "exact_search": 45, "end_to_end": 120}
 
 
 def _sync(device: str) -> None:
@@ -51,14 +75,27 @@ def _reset(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def build_model(tiny: bool, device: str, dtype: torch.dtype):
+def package_versions() -> dict:
+    """The versions of the packages the project reaches, as installed (the image's, or a carried wheel's)."""
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def model_config(overrides: dict):
     data = json.loads(SHAPE.read_text())
     data.pop("_comment")
-    config = AutoConfig.for_model(**{**data, **(TINY if tiny else {})})
+    return AutoConfig.for_model(**{**data, **overrides})
+
+
+def build_model(tiny: bool, device: str, dtype: torch.dtype):
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model
+        return AutoModelForCausalLM.from_config(model_config(TINY if tiny else {}), dtype=dtype)
 
 
 def tokenizer_from(folder: str | None):
@@ -73,8 +110,19 @@ def tokenizer_from(folder: str | None):
     return tok
 
 
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
-    """Tokens/s of the KV-cached rollout engine against ``model.generate`` on the same greedy batch."""
+    """Tokens/s of the KV-cached rollout engine against ``model.generate`` on the same greedy batch, and how far their
+    greedy tokens agree; ``generate`` at batch 64 against ``generate`` one row at a time (4 rows) is the floor that
+    bf16 arithmetic alone gives (batch-dependent kernels move near-tied argmaxes)."""
     from kunlunlab.agent.backends import generate_once
     from kunlunlab.agent.transformers_backend import TransformersBackend
 
@@ -90,19 +138,31 @@ def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_to
     engine_s = time.perf_counter() - t0
     engine_tokens = sum(len(s.token_ids) for s in segments)
     ids = torch.tensor(prompts, device=device)
+
+    def plain(rows):
+        return model.generate(rows, attention_mask=torch.ones_like(rows), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+
     with torch.no_grad():
         model.generate(ids[:2], max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
         _sync(device)
         t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        out = plain(ids)
         _sync(device)
-    plain_s = time.perf_counter() - t0
-    plain_tokens = (out.shape[1] - prompt_len) * batch
+        plain_s = time.perf_counter() - t0
+        singles = [plain(ids[i:i + 1])[0, prompt_len:].tolist() for i in range(min(4, batch))]
+    plain_rows = out[:, prompt_len:].tolist()
+    plain_tokens = len(plain_rows[0]) * batch
+    engine_rows = [s.token_ids for s in segments]
+    prefix = [_shared_prefix(e, p) / new_tokens for e, p in zip(engine_rows, plain_rows)]
+    floor = [_shared_prefix(s, p) / new_tokens for s, p in zip(singles, plain_rows)]
     engine_rate, plain_rate = engine_tokens / engine_s, plain_tokens / plain_s
     return {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
             "engine_tokens_per_s": round(engine_rate, 1), "generate_tokens_per_s": round(plain_rate, 1),
             "engine_over_generate": round(engine_rate / plain_rate, 3), "engine_tokens": engine_tokens,
+            "greedy_rows_identical": round(sum(e == p for e, p in zip(engine_rows, plain_rows)) / batch, 3),
+            "greedy_shared_prefix": round(sum(prefix) / batch, 3),
+            "generate_batch_vs_single_shared_prefix": round(sum(floor) / len(floor), 3),
             "peak_gb": _peak_gb(device)}
 
 
@@ -150,7 +210,8 @@ def part_full_step(model, device: str, micro: int, seq: int) -> dict:
 
 
 def part_dapo_step(model, tok, device: str, tiny: bool, out_dir: Path) -> dict:
-    """One DAPO update through TRL with LoRA, rollouts by the engine on this GPU (8 prompts × 8 samples)."""
+    """One DAPO update through TRL with LoRA, rollouts by the engine on this GPU (8 prompts x 8 samples); its
+    checkpoint goes to ``out_dir`` (under --work), never beside the JSON."""
     from peft import LoraConfig
 
     from kunlunlab.agent.rollout import RolloutConfig
@@ -177,20 +238,23 @@ def part_dapo_step(model, tok, device: str, tiny: bool, out_dir: Path) -> dict:
                        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
     seconds = time.perf_counter() - t0
     stats = rollout.history[-1] if rollout.history else {}
-    result = {"seconds": round(seconds, 1), "peak_gb": _peak_gb(device), "sequences": stats.get("rollouts"),
+    peak = _peak_gb(device)
+    result = {"seconds": round(seconds, 1), "peak_gb": peak, "sequences": stats.get("rollouts"),
               "rollout_seconds": round(stats.get("seconds", 0.0), 1), "model_tokens_per_sample": stats.get("model_tokens"),
-              "steps": trainer.state.global_step,
-              "fits_80gb": None if _peak_gb(device) is None else _peak_gb(device) < 80}
+              "steps": trainer.state.global_step, "fits_80gb": None if peak is None else peak < 80}
     trainer.accelerator.free_memory()
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(unwrapped, "unload"):
+        unwrapped.unload()  # the adapters off again: the full step trains the plain model
     return result
 
 
-def part_exact_search(device: str, tiny: bool) -> dict:
+def part_exact_search(device: str, tiny: bool, timeout: float) -> dict:
     """``kunlunlab.bench exact-search`` on the GPU at the largest N that fits (up to 21M), and on the CPU
     (FAISS IndexFlatIP, all cores) over a slice, so the two per-batch times can be set side by side."""
     def bench(*args) -> dict:
         done = subprocess.run([sys.executable, "-m", "kunlunlab.bench", "exact-search", *args], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=max(30.0, timeout / 2))
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip()[-2000:] or done.stdout.strip()[-2000:])
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -207,13 +271,88 @@ def part_exact_search(device: str, tiny: bool) -> dict:
     return {"gpu": gpu, "cpu": bench("--device", "cpu", "--n", "2000000", "--queries", "64", "--backend", "faiss")}
 
 
+def _cli(args: list[str], log, timeout: float) -> dict:
+    """One ``kunlunlab`` command in a fresh process, its output appended to the log; returns its exit code, wall
+    seconds and the process's peak GPU memory."""
+    code = ("import json, sys, torch\nfrom kunlunlab.cli import main\nrc = main(sys.argv[1:])\n"
+            "peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None\n"
+            "print('GPU_CHECK_PEAK ' + json.dumps(peak), flush=True)\nsys.exit(rc)")
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    log.write(f"$ kunlunlab {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+    log.flush()
+    lines = done.stdout.splitlines()
+    peaks = [line.split(" ", 1)[1] for line in lines if line.startswith("GPU_CHECK_PEAK ")]
+    printed = [line for line in lines if line.startswith("{")]  # the command's JSON line (its last one)
+    if done.returncode != 0:
+        raise RuntimeError(f"kunlunlab {args[0]} exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
+    return {"rc": done.returncode, "wall_s": round(time.perf_counter() - t0, 1),
+            "peak_gpu_gb": json.loads(peaks[-1]) if peaks else None,
+            "printed": json.loads(printed[-1]) if printed else {}}
+
+
+def part_end_to_end(tok, device: str, tiny: bool, work: Path, log, timeout: float) -> dict:
+    """``kunlunlab train`` with the one-GPU LoRA recipe on a randomly initialised small Qwen2 model (the recipe's
+    code path: LoRA merged after each stage, bf16, checkpointing, rollouts on the GPU; BM25 retrieval, as the
+    device reaches no hub for the recipe's e5 embedder), then ``kunlunlab eval`` on the trained model."""
+    model_dir, run_dir = work / "e2e_model", work / "e2e_run"
+    for folder in (model_dir, run_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(0)
+    config = model_config({**(TINY if tiny else SMALL), "vocab_size": len(tok),
+                           "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id})
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if tiny else torch.bfloat16)
+    parameters = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(str(model_dir))
+    tok.save_pretrained(str(model_dir))
+    del model
+    sizes = {  # (tiny on the CPU, the GPU): a few steps of each stage, evaluations of 4 / 32 held-out questions
+        "world_passages": (300, 2000), "train_questions": (24, 200), "mixing.epochs": (2, 2),
+        "mixing.turning_epoch": (1, 1), "mixing.samples_per_epoch": (8, 64), "sft.max_steps": (1, 8),
+        "sft.batch_size": (2, 4), "sft.grad_accum": (1, 2), "sft.max_length": (1024, 4096), "sft.save_steps": (100, 100),
+        "dapo.steps": (2, 2), "dapo.prompts_per_step": (2, 8), "dapo.num_generations": (2, 8),
+        "dapo.micro_batch_size": (2, 4), "dapo.max_turn_tokens": (16, 256), "dapo.max_total_tokens": (48, 1024),
+        "eval.world_questions": (4, 32), "eval.batch_size": (4, 32), "eval.max_turn_tokens": (16, 256),
+        "eval.max_total_tokens": (48, 1024)}
+    overrides = [f"{k}={v[0] if tiny else v[1]}" for k, v in sizes.items()]
+    overrides += [f"model={model_dir}", "index_kind=bm25", "embedder=null", "hotpot=false", "report_to=[]",
+                  "eval.hotpot_questions=0", "eval.summary_questions=0", "summary_share=0.0"]
+    if tiny:
+        overrides += ["device=cpu", "model_dtype=float32", "bf16=false"]
+    deadline = time.perf_counter() + timeout
+    train = _cli(["train", "--config", str(LORA_RECIPE), "--run-dir", str(run_dir), "--set", *overrides], log,
+                 timeout)
+    summary = json.loads((run_dir / "training_summary.json").read_text())
+    state = json.loads((run_dir / "state.json").read_text())
+    evaluate = _cli(["eval", "--model", str(run_dir / "dapo" / "final"), "--dataset", "world", "--limit",
+                     "4" if tiny else "32", "--index-kind", "bm25", "--batch-size", "4" if tiny else "32",
+                     "--device", "cpu" if tiny else "cuda", "--out", str(work / "e2e_eval.jsonl")], log,
+                    max(30.0, deadline - time.perf_counter()))
+    printed = evaluate.pop("printed")
+    train.pop("printed")
+    return {"model": f"random init, Qwen2 {'toy' if tiny else '0.5B'} shape", "parameters": parameters,
+            "train": {**train, "stage_seconds": state.get("seconds"), "steps": state.get("steps"),
+                      "peak_gpu_gb_per_stage": state.get("peak_gpu_gb"),
+                      "eval_seconds": {tag: state.get(f"eval_{tag}", {}).get("seconds") for tag in ("before", "after")},
+                      "world_em_before_after": [summary.get("em_before"), summary.get("em_after")],
+                      "heldout_questions": summary.get("heldout_questions")},
+            "eval": {**evaluate, "n": printed.get("n"), "em": printed.get("em"),
+                     "seconds_per_question": printed.get("seconds_per_question")}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="every part at toy size on the CPU (tests the script)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the embedded one)")
     ap.add_argument("--out", default=None, help="JSON file (default: $OUT/gpu_check.json, else experiments/results)")
-    ap.add_argument("--skip", nargs="*", default=[], help="parts to leave out: generation lora full dapo search")
+    ap.add_argument("--work", default=None, help="scratch folder for checkpoints and runs (default: a new /tmp one)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for all parts (a part that would not "
+                                                                   "fit is skipped and recorded)")
+    ap.add_argument("--skip", nargs="*", default=[],
+                    help="parts to leave out: generation lora full dapo search e2e")
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible (use --tiny to test the script on a CPU)", file=sys.stderr)
@@ -221,46 +360,58 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT")
                             else ROOT / "experiments/results/gpu_check/gpu_check.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "tiny": args.tiny,
-              "torch": torch.__version__, "shape": "toy" if args.tiny else "Qwen2.5-7B (random init, bf16)",
-              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    work = Path(args.work or tempfile.mkdtemp(prefix="kunlunlab-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    report["transformers"] = transformers.__version__
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "tiny": args.tiny,
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "python": sys.version.split()[0], "shape": "toy" if args.tiny else "Qwen2.5-7B (random init, bf16)",
+              "packages": package_versions(), "budget_s": args.budget_s, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     dtype = torch.float32 if args.tiny else torch.bfloat16
     tok = tokenizer_from(args.tokenizer)
-    model = build_model(args.tiny, device, dtype)
-    report["parameters"] = sum(p.numel() for p in model.parameters())
     sizes = {"generation": (2, 8, 8) if args.tiny else (64, 128, 256), "train": (2, 32) if args.tiny else (2, 4096),
              "full": (1, 32) if args.tiny else (1, 4096)}
-    parts = [("generation", lambda: part_generation(model, tok, device, *sizes["generation"])),
-             ("lora_step", lambda: part_lora_step(model, device, *sizes["train"])),
-             ("full_step", lambda: part_full_step(model, device, *sizes["full"])),
-             ("dapo_step", lambda: part_dapo_step(model, tok, device, args.tiny, out.parent / "dapo_run"))]
-    skip = {"generation": "generation", "lora": "lora_step", "full": "full_step", "dapo": "dapo_step"}
+    skip = {"generation": "generation", "lora": "lora_step", "full": "full_step", "dapo": "dapo_step",
+            "search": "exact_search", "e2e": "end_to_end"}
     skipped = {skip[s] for s in args.skip if s in skip}
-    for name, run in parts:
+    log = (out.parent / (out.stem + ".log")).open("w")
+
+    def left() -> float:
+        return args.budget_s - (time.perf_counter() - start)
+
+    def run_part(name: str, fn) -> None:
         if name in skipped:
-            continue
-        t0 = time.perf_counter()
-        try:
-            report[name] = run()
-        except Exception as err:  # recorded in the JSON, with its traceback's tail: the other parts still run
-            report[name] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-1500:]}
-        report[name]["wall_s"] = round(time.perf_counter() - t0, 1)
+            return
+        if not args.tiny and left() < NEEDS[name]:
+            report[name] = {"skipped": f"time budget: {left():.0f} s left, the part needs about {NEEDS[name]} s"}
+        else:
+            t0 = time.perf_counter()
+            try:
+                report[name] = fn()
+            except Exception as err:  # recorded in the JSON, with its traceback's tail: the other parts still run
+                report[name] = {"error": f"{type(err).__name__}: {err}"[:1500], "trace": traceback.format_exc()[-1500:]}
+            report[name]["wall_s"] = round(time.perf_counter() - t0, 1)
         out.write_text(json.dumps(report, indent=1))
         print(f"gpu_check: {name}: {json.dumps(report[name])[:400]}", flush=True)
+
+    model = build_model(args.tiny, device, dtype)
+    report["parameters"] = sum(p.numel() for p in model.parameters())
+    run_part("generation", lambda: part_generation(model, tok, device, *sizes["generation"]))
+    run_part("lora_step", lambda: part_lora_step(model, device, *sizes["train"]))
+    run_part("dapo_step", lambda: part_dapo_step(model, tok, device, args.tiny, work / "dapo_run"))
+    run_part("full_step", lambda: part_full_step(model, device, *sizes["full"]))
     del model
     _reset(device)
-    if "search" not in args.skip:
-        t0 = time.perf_counter()
-        try:
-            report["exact_search"] = part_exact_search(device, args.tiny)
-        except Exception as err:
-            report["exact_search"] = {"error": f"{type(err).__name__}: {err}"}
-        report["exact_search"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    shutil.rmtree(work / "dapo_run", ignore_errors=True)
+    run_part("exact_search", lambda: part_exact_search(device, args.tiny, max(60.0, left())))
+    run_part("end_to_end", lambda: part_end_to_end(tok, device, args.tiny, work, log, max(60.0, left())))
+    log.close()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    report["wall_s"] = round(time.perf_counter() - start, 1)
     out.write_text(json.dumps(report, indent=1))
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(report))
     return 0
 

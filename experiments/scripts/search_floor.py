@@ -17,17 +17,18 @@ import sys
 from pathlib import Path
 
 from kunlunlab.eval.metrics import evidence_search_floor
+from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.training.config import load_config
 from kunlunlab.data.splits import world_questions
 
 
 def floors(run: Path) -> dict:
-    if not (run / "train_config.json").is_file() or not (run / "eval_after_world.jsonl").is_file():
+    if not (run / "train_config.json").is_file() or not jsonl_path(run / "eval_after_world.jsonl").is_file():
         raise SystemExit(f"{run}: not a run folder (needs train_config.json and eval_after_world.jsonl)")
     world, _, heldout = world_questions(load_config(run / "train_config.json").splits())
     titles = {p.id: p.title for p in world.passages}
     by_question = {q.question: q for q in heldout}
-    records = [json.loads(line) for line in (run / "eval_after_world.jsonl").read_text().splitlines()]
+    records = read_jsonl(run / "eval_after_world.jsonl")
     missing = [r["question"] for r in records if r["question"] not in by_question]
     if missing:
         raise SystemExit(f"{run}: {len(missing)} held-out records match no question of its config, e.g. {missing[0]!r}")

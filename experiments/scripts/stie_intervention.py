@@ -24,10 +24,11 @@ from pathlib import Path
 
 from kunlunlab.data.answers import exact_match, normalize_answer
 from kunlunlab.eval.stats import paired_bootstrap
+from kunlunlab.paths import jsonl_path, read_jsonl
 
 
 def read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)  # the kept records are gzipped: path.gz is read where path is not there
 
 
 def first_answer(record: dict) -> str | None:
@@ -51,7 +52,7 @@ def main(out: str) -> dict:
         "em_stie": round(100 * boot["mean_a"], 1), "em_first_answer": round(100 * boot["mean_b"], 1),
         "delta": round(100 * boot["diff"], 1), "ci95": [round(100 * boot["low"], 1), round(100 * boot["high"], 1)],
     }
-    ablation = records / "world.−STIE.jsonl"
+    ablation = jsonl_path(records / "world.−STIE.jsonl")
     if ablation.is_file():  # the first-answer reading checked against a real −STIE run
         by_id = {r["id"]: r["prediction"] for r in read(ablation)}
         result["first_answer_equals_minus_stie"] = sum(by_id.get(r["id"]) == first_answer(r) for r in runs)

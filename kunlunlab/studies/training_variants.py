@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Mapping
 
 from kunlunlab.eval.metrics import agent_searches, redundant_searches, searches_past_stop, ungrounded_quotes
+from kunlunlab.paths import jsonl_path
 from kunlunlab.training.config import MOVED_KEYS
 from kunlunlab.training.pipeline import NO_PAIRS, TrainingRun
 from kunlunlab.training.records import HELDOUT_FILES, heldout_records
@@ -79,7 +80,7 @@ def run_costs(run_dir: str | Path, dataset: str = "world") -> dict:
     after_sft = [v for k, v in seconds.items() if k != "sft"]
     if "prl" not in seconds and mcts is not None:  # searched, but DPO never ran
         after_sft.append(mcts)
-    records = heldout_records(run_dir, dataset) if (run_dir / HELDOUT_FILES[dataset]).is_file() else []
+    records = heldout_records(run_dir, dataset) if jsonl_path(run_dir / HELDOUT_FILES[dataset]).is_file() else []
     return {"n": len(records) or None,
             "searches_per_question": _round(_mean(r.get("searches") for r in records), 2),
             "agent_searches_per_question": _round(_mean(agent_searches(r) for r in records), 2),

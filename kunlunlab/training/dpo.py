@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from kunlunlab.configs import positive, positive_or
+
 log = logging.getLogger(__name__)
 
 _ID_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
@@ -32,15 +34,15 @@ class DPOStageConfig:
     """Stage ``prl``: DPO on the MCTS step preferences (TRL ``DPOTrainer``, sigmoid loss)."""
 
     enabled: bool = True
-    beta: float = 0.3                # ReasonRAG's β
-    learning_rate: float = 1e-6
-    steps: int = -1                  # optimizer steps; -1: ``epochs`` passes over the pairs
-    epochs: float = 1.0
-    batch_size: int = 4              # pairs per device and step
-    grad_accum: int = 1
-    max_length: int = 1536           # prompt + step tokens; longer pairs are dropped, never truncated
-    save_steps: int = 10
-    logging_steps: int = 1
+    beta: float = positive(0.3)      # ReasonRAG's β
+    learning_rate: float = positive(1e-6)
+    steps: int = positive_or(-1, -1)  # optimizer steps; -1: ``epochs`` passes over the pairs
+    epochs: float = positive(1.0)
+    batch_size: int = positive(4)    # pairs per device and step
+    grad_accum: int = positive(1)
+    max_length: int = positive(1536)  # prompt + step tokens; longer pairs are dropped, never truncated
+    save_steps: int = positive(10)
+    logging_steps: int = positive(1)
     precompute_ref_log_probs: bool = False  # True: reference log-probs computed once up front, no reference copy kept
 
     def __post_init__(self):
@@ -109,6 +111,8 @@ def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = 
     import torch  # deferred: training.config imports this module
     from trl import DPOConfig  # deferred: training.config imports this module
 
+    from kunlunlab.training.compat import checkpointing_args  # deferred: it imports transformers
+
     # one checkpoint is enough to resume: the Trainer writes the new one before it deletes the old
     return DPOConfig(
         output_dir=str(output_dir), loss_type=["sigmoid"], beta=cfg.beta, learning_rate=cfg.learning_rate,
@@ -116,7 +120,7 @@ def dpo_args(cfg: DPOStageConfig, output_dir: Path, seed: int = 0, bf16: bool = 
         max_steps=cfg.steps, num_train_epochs=cfg.epochs, max_length=cfg.max_length, lr_scheduler_type="constant",
         precompute_ref_log_probs=cfg.precompute_ref_log_probs, logging_steps=cfg.logging_steps,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1, report_to=list(report_to or []), seed=seed, bf16=bf16,
-        deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, disable_tqdm=True,
+        deepspeed=deepspeed, **checkpointing_args(gradient_checkpointing), disable_tqdm=True,
         dataloader_num_workers=0, use_cpu=not torch.cuda.is_available(),
     )
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from kunlunlab.eval.compare import ablation_table
+from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.training.config import TrainConfig
 
 
@@ -75,10 +76,10 @@ def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:
     ``hotpotqa_distractor``): what :func:`compare_runs` pairs by question id."""
     if dataset not in HELDOUT_FILES:
         raise ValueError(f"unknown held-out set {dataset!r}; choose from {sorted(HELDOUT_FILES)}")
-    path = Path(run_dir) / HELDOUT_FILES[dataset]
+    path = jsonl_path(Path(run_dir) / HELDOUT_FILES[dataset])
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a finished training run folder")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def compare_runs(runs: dict[str, str | Path], reference: str, dataset: str = "world",
@@ -102,8 +103,8 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     run_dir = Path(run_dir)
     out = {}
     for key, name in (("sft", "sft_log.jsonl"), ("dapo", "dapo_log.jsonl"), ("rollouts", "dapo_rollouts.jsonl")):
-        path = run_dir / name
-        rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+        path = jsonl_path(run_dir / name)
+        rows = read_jsonl(path) if path.is_file() else []
         if key == "rollouts":  # a resumed step is logged again: keep the last record of each step
             rows = list({r["step"]: r for r in rows}.values())
         out[key] = rows

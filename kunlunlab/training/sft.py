@@ -17,6 +17,7 @@ from datasets import Dataset
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
+from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import SFTStageConfig
 from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
 from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
@@ -72,7 +73,7 @@ def sft_args(cfg: SFTStageConfig, output_dir: Path, seed: int, bf16: bool = Fals
         lr_scheduler_type="cosine", num_train_epochs=1, max_steps=cfg.max_steps, max_length=cfg.max_length,
         completion_only_loss=True, train_sampling_strategy="sequential", logging_steps=cfg.logging_steps,
         save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1, report_to=list(report_to or []), seed=seed,
-        bf16=bf16, deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing, dataloader_num_workers=0,
+        bf16=bf16, deepspeed=deepspeed, **checkpointing_args(gradient_checkpointing), dataloader_num_workers=0,
         disable_tqdm=True, use_cpu=not _has_accelerator(),
     )
 

@@ -73,3 +73,18 @@ def test_notebooks_and_apps_do_not_import_the_cli():
     assert sources
     offending = [f"{p.name}: {m}" for p in sources for m in imported_modules(p) if m.startswith("kunlunlab.cli")]
     assert not offending, offending
+
+
+def test_the_agent_training_and_evaluation_import_no_web_framework():
+    """They reach the retrieval service as clients (kunlunlab.retrieval.client): a GPU image without FastAPI, or with
+    a FastAPI whose own imports fail there, runs them all (issue 42: fastapi imported opentelemetry, absent on the
+    image, and the GPU check's rollout parts died with ModuleNotFoundError)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport kunlunlab.training.pipeline, kunlunlab.eval.harness, kunlunlab.studies.suite, "
+            "kunlunlab.agent.methods, kunlunlab.retrieval\n"
+            "print(sorted(m for m in ('fastapi', 'starlette', 'pydantic', 'uvicorn') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

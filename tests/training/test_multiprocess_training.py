@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parents[1] / "multiprocess_train.py"
 PROCESSES = 2
 # The smoke sizes (SMOKE_OVERRIDES: 2 SFT steps of batch 2, 1 DAPO step of 1 question × 2 samples per
-# process) without HotpotQA or the evaluation before; one held-out question after; BM25 retrieval (no
-# corpus embedding); one SFT checkpoint, so saving one under two processes is exercised too. The overlong
+# process) without HotpotQA or the evaluation before; one held-out question after; an exact (flat) index of the
+# embedded embedder, built once by the main process and loaded by the other; one SFT checkpoint, so saving one under two processes is exercised too. The overlong
 # penalty starts at the first model token (-model_tokens/160): the untrained model earns no format or
 # accuracy reward in 32-token turns, and all-zero rewards would make the comparison across ranks empty.
-OVERRIDES = ["hotpot=false", "index_kind=bm25", "eval.before=false", "eval.world_questions=2",
+OVERRIDES = ["hotpot=false", "index_kind=flat", "eval.before=false", "eval.world_questions=2",
              "eval.hotpot_questions=0", "sft.save_steps=2", "bf16=false", "dapo.prompts_per_step=2",
              "rewards.overlong_max_tokens=160", "rewards.overlong_buffer=160", "lora.enabled=true", "lora.r=4",
              "lora.alpha=8", 'lora.target_modules=["q_proj","v_proj"]', "sft.learning_rate=1e-2",
@@ -204,6 +204,13 @@ def test_both_ranks_see_the_same_gathered_rewards(runs):
         assert log_row["reward"] == pytest.approx(record["reward"], abs=1e-5)
 
 
+def test_the_corpus_is_embedded_once_by_the_main_process_and_loaded_by_the_other(runs):
+    multi, cfg = runs["multi"], runs["cfg"]
+    embedded = {r: json.loads((multi / f"rank{r}_embedded.json").read_text())["passages"] for r in range(PROCESSES)}
+    assert embedded == {0: cfg.world_passages, 1: 0}  # before, every rank encoded the whole corpus itself
+    assert (multi / "index" / "world" / "manifest.json").is_file()
+
+
 def test_every_rank_rolls_out_through_the_generation_server(runs):
     multi, cfg = runs["multi"], runs["cfg"]
     per_rank = cfg.dapo.prompts_per_step // PROCESSES * cfg.dapo.num_generations
@@ -212,8 +219,12 @@ def test_every_rank_rolls_out_through_the_generation_server(runs):
         assert rows, f"rank {rank} never reached the generation server"
         assert {row["url"] for row in rows} == {runs["server"] + "/v1"}  # the OpenAI client's base URL
         assert max(row["prompts"] for row in rows) == per_rank  # the rank's whole rollout batch in one request
-    # TRL syncs the weights before the step's rollout (main process only, in TRL; the stand-in counts calls)
-    assert (multi / "rank0_syncs.jsonl").is_file()
+    # TRL pushes the weights from the main process before the step's rollout (the stand-in takes 2 s there and
+    # returns at once on the other rank, as under ZeRO-2): no rank may sample before the push has ended
+    pushed = _jsonl(multi / "rank0_syncs.jsonl")[0]
+    assert pushed["end"] - pushed["start"] >= 2.0
+    for rank, rows in calls.items():
+        assert min(row["time"] for row in rows) >= pushed["end"], f"rank {rank} sampled before the weights were pushed"
     # the server answered every request of both runs (its access log: one line per request)
     sent = sum(len(rows) for rows in calls.values())
     assert runs["server_log"].read_text().count('"POST /v1/completions HTTP/1.1" 200') == sent
