@@ -7,6 +7,10 @@
 ``search_o1``   Search-o1 (Li et al., 2025): the agentic search prompt, each search's documents condensed by the
                 model (Reason-in-Documents, :mod:`kunlunlab.agent.search_o1`) before they enter the chain.
 ``agent``       the search-think protocol agent alone (no RDRA/STIE/NLR), an ablation.
+``search_r1``   the agent in Search-R1's protocol (``<search>``/``<information>``/``<answer>``), for a Search-R1
+                checkpoint or a model trained here with its recipe (:mod:`kunlunlab.agent.protocols`).
+``research``    the agent in ReSearch's protocol (``<search>``/``<result>``, ``<answer>`` with ``\\boxed{}``).
+``r1_searcher`` the agent in R1-Searcher's protocol (``<|begin_of_query|>``, ``<|begin_of_documents|>``, ``<answer>``).
 ``kunlun``      KunLunBaizeRAG: RDRA background, the search-think agent, STIE over answer rounds,
                 NLR routing when a network tier is given.
 """
@@ -20,6 +24,7 @@ from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import (DIRECT_SYSTEM, DOCS_USER_TEMPLATE, IRCOT_SYSTEM, QUESTION_USER_TEMPLATE,
                                       SEARCH_O1_SYSTEM, SYSTEM_PROMPT, build_messages, extract_final_answer,
                                       numbered_docs)
+from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
@@ -168,15 +173,22 @@ class IRCoT(Method):
 
 class _RolloutMethod(Method):
     system_prompt = SYSTEM_PROMPT
+    protocol = "search_think"  # the agent protocol it speaks (kunlunlab.agent.protocols)
 
     def _engine(self) -> RolloutEngine:
-        return RolloutEngine(self.backend, self.search, self.config.rollout)
+        return RolloutEngine(self.backend, self.search, self.config.rollout, self.protocol)
+
+    def _messages(self, question: str, background: str | None) -> list[dict]:
+        return build_messages(question, background, self.system_prompt)
+
+    def _prefix(self) -> str:
+        return self.config.assistant_prefix
 
     def _rollout(self, questions: list[str], backgrounds: list[str | None], controller=None):
         engine = self._engine()
-        prompts = [chat_prompt_ids(self.tok, build_messages(q, b, self.system_prompt), self.config.assistant_prefix)
-                   for q, b in zip(questions, backgrounds)]
-        trajs = engine.run(prompts, questions, controller, [self.config.assistant_prefix] * len(questions))
+        prefix = self._prefix()
+        prompts = [chat_prompt_ids(self.tok, self._messages(q, b), prefix) for q, b in zip(questions, backgrounds)]
+        trajs = engine.run(prompts, questions, controller, [prefix] * len(questions))
         for t in trajs:
             self.search_errors.extend(t.search_errors)
         self.last_stats = engine.stats
@@ -246,9 +258,46 @@ class KunLun(_RolloutMethod):
         return out
 
 
+class PeerAgent(SearchThinkAgent):
+    """A peer's agent (Search-R1, ReSearch, R1-Searcher) run as its own repository runs it: its prompt, assistant
+    prefix, stop strings, document block, re-prompts and answer extraction (:mod:`kunlunlab.agent.protocols`), so a
+    released checkpoint of the peer, or one trained here with its recipe, is evaluated in its own protocol. The
+    answer is the last answer turn's; without one, the peer's own extraction over the completion (``fallback``)."""
+
+    def _messages(self, question: str, background: str | None) -> list[dict]:
+        return get_protocol(self.protocol).messages(question, background)
+
+    def _prefix(self) -> str:
+        return get_protocol(self.protocol).assistant_prefix
+
+    def run(self, questions):
+        protocol = get_protocol(self.protocol)
+        out = []
+        for t in self._rollout(questions, [None] * len(questions)):
+            prediction, source = (t.answer, "answer_tag") if t.answer else (protocol.final_answer(t.text), "fallback")
+            out.append(MethodOutput(prediction, t.n_searches, [d for ids in t.doc_ids for d in ids],
+                                    {**t.to_dict(), "answer_source": source, "protocol": protocol.name}))
+        return out
+
+
+class SearchR1Agent(PeerAgent):
+    name = protocol = "search_r1"
+
+
+class ReSearchAgent(PeerAgent):
+    name = protocol = "research"
+
+
+class R1SearcherAgent(PeerAgent):
+    name = protocol = "r1_searcher"
+
+
 METHODS: dict[str, Callable[..., Method]] = {m.name: m for m in
                                             (NaiveGeneration, NaiveRAG, IterRetGen, IRCoT, SearchO1,
-                                             SearchThinkAgent, KunLun)}
+                                             SearchThinkAgent, KunLun, SearchR1Agent, ReSearchAgent,
+                                             R1SearcherAgent)}
+PROMPT_BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")  # prompting only, no training
+PEER_METHODS = ("search_r1", "research", "r1_searcher")  # the peers' agents, each in its own protocol
 
 
 def make_method(name: str, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None) -> Method:

@@ -24,7 +24,9 @@ from typing import Callable, Protocol, Sequence
 
 from kunlunlab.agent.backends import (AnswerBlock, Backend, GenerationSession, SamplingConfig, Segment, mean_confidence,
                                       text_ids)
-from kunlunlab.agent.protocol import RESULT_TEMPLATE, Turn, format_results, parse_turn
+from kunlunlab.agent.protocol import Turn, format_results
+from kunlunlab.agent.protocols import AgentProtocol, get_protocol
+from kunlunlab.configs import non_negative, positive
 from kunlunlab.retrieval.client import RetrievalServiceError
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RolloutConfig:
-    max_searches: int = 8         # per question (paper: 8)
-    max_turn_tokens: int = 256    # generated tokens per turn
-    max_total_tokens: int = 1024  # completion budget per sample: generated + appended tokens
-    top_k: int = 3                # passages per query
-    max_result_chars: int = 600   # per passage, so one result block cannot swallow the budget
+    max_searches: int = non_negative(8)  # per question (paper: 8)
+    max_turn_tokens: int = positive(256)  # generated tokens per turn
+    max_total_tokens: int = positive(1024)  # completion budget per sample: generated + appended tokens
+    top_k: int = positive(3)      # passages per query
+    max_result_chars: int = positive(600)  # per passage, so one result block cannot swallow the budget
     block_repeated_queries: bool = True  # STIE's repeat blocking, applied to queries
     result_suffix: str = ""       # environment text after each result block that opens the next turn
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -158,6 +160,7 @@ class _Run:
                 t.steps.append({"kind": "prefix", "text": prefix})
         self.searched: list[list[set[str]]] = [[] for _ in self.trajs]  # word sets of earlier queries (repeat blocking)
         self.round_queries: list[list[str]] = [[] for _ in self.trajs]
+        self.reprompts = [0] * len(self.trajs)  # re-prompts after unusable turns, at most max_searches per sample
         self.round_docs: list[list[str]] = [[] for _ in self.trajs]
         self.controller = controller
         self.answer_block = getattr(controller, "answer_block", None)
@@ -182,13 +185,20 @@ class _Run:
 
 
 class RolloutEngine:
-    def __init__(self, backend: Backend, search: SearchFn | None, config: RolloutConfig | None = None):
+    """``protocol`` (:mod:`kunlunlab.agent.protocols`, default this project's search-think protocol) sets what a turn
+    stops at, how it is read, how documents and notices are appended, and which unusable turns are answered with
+    the protocol's re-prompt instead of ending the sample (Search-R1 re-prompts; the others end)."""
+
+    def __init__(self, backend: Backend, search: SearchFn | None, config: RolloutConfig | None = None,
+                 protocol: AgentProtocol | str | None = None):
         self.backend, self.search, self.config = backend, search, config or RolloutConfig()
+        self.protocol = get_protocol(protocol or "search_think") if not isinstance(protocol, AgentProtocol) \
+            else protocol
         self.tokenizer = backend.tokenizer
         self.stats = RolloutStats()
 
     def _result_block(self, hits_per_query: list[list], queries: list[str]) -> str:
-        return result_block(hits_per_query, queries, self.config.max_result_chars)
+        return self.protocol.result_block(hits_per_query, queries, self.config.max_result_chars)
 
     def _retrieve(self, queries: list[str], contexts: dict[str, dict]) -> tuple[dict[str, list], str | None]:
         """One call for all distinct queries of the turn; on a dead service a defined fallback."""
@@ -235,7 +245,7 @@ class RolloutEngine:
         """One turn of generation for every active sample, each segment then read by :meth:`_read_segment`."""
         t0 = time.perf_counter()
         limits = {i: min(self.config.max_turn_tokens, state.budget_left(i)) for i in active}
-        segments = session.generate(active, limits)
+        segments = session.generate(active, limits, self.protocol.stop_strings)
         self.stats.generate_s += time.perf_counter() - t0
         turn = _TurnOutcome()
         for i in active:
@@ -250,24 +260,27 @@ class RolloutEngine:
         state.add(i, seg.token_ids, seg.text, model=True, logprobs=seg.logprobs, **extra)
         self.stats.model_tokens += len(seg.token_ids)
         self.stats.answer_interventions += seg.interventions
-        parsed = parse_turn(state.carry[i] + seg.text)
+        protocol = self.protocol
+        parsed = protocol.parse_turn(state.carry[i] + seg.text)
         state.carry[i] = ""
         t.issues.extend(parsed.issues)
         if parsed.kind == "search":
             if t.n_searches + len(turn.pending.get(i, [])) >= cfg.max_searches:
-                turn.appends[i] = RESULT_TEMPLATE.format(
-                    results=f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
+                turn.appends[i] = protocol.notice_block(
+                    f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
                 t.issues.append("search_limit")
                 if "search_limit" in t.issues[:-1]:  # ignored the first notice
                     turn.done.append(i)
                     state.finish(i, "search_limit")
                 return
             turn.pending[i] = parsed.queries
-        elif parsed.kind == "invalid":
-            turn.appends[i] = RESULT_TEMPLATE.format(results="(empty query: nothing was searched)")
         elif parsed.kind == "answer":
             self._answer_round(state, turn, i, parsed, seg)
-        else:  # incomplete (token limit inside an action) or no action at all
+        elif parsed.kind in protocol.reprompt and protocol.invalid_block and seg.finish != "length" \
+                and state.reprompts[i] < max(1, cfg.max_searches):
+            state.reprompts[i] += 1  # an empty query, or (Search-R1) a turn without a closed action
+            turn.appends[i] = protocol.invalid_block
+        else:  # incomplete (token limit inside an action), no action at all, or an unusable turn not re-prompted
             turn.done.append(i)
             state.finish(i, "budget" if seg.finish == "length" else ("no_action" if parsed.kind == "none"
                                                                      else "incomplete"))
@@ -299,7 +312,7 @@ class RolloutEngine:
             turn.done.append(i)
             state.finish(i, "answer" if state.controller is None else "controller")
         else:
-            turn.appends[i] = RESULT_TEMPLATE.format(results=feedback or "Check your answer.")
+            turn.appends[i] = self.protocol.notice_block(feedback or "Check your answer.")
 
     def _search_pending(self, state: _Run, turn: _TurnOutcome) -> None:
         """One retrieval call for every pending query of every sample; a sample's exact repeat of an earlier
@@ -333,7 +346,7 @@ class RolloutEngine:
             state.round_docs[i].extend(ids)
             if error:
                 t.search_errors.append(error)
-                turn.appends[i] = RESULT_TEMPLATE.format(results=f"(search unavailable: {error[:200]})")
+                turn.appends[i] = self.protocol.notice_block(f"(search unavailable: {error[:200]})")
             else:
                 turn.appends[i] = self._result_block(blocks, qs)
 

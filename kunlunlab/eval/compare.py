@@ -34,37 +34,55 @@ def compare(a: Sequence[dict], b: Sequence[dict], key: str = "em", n_resamples: 
             "low": 100 * res["low"], "high": 100 * res["high"]}
 
 
-def table2(records: Mapping[str, Mapping[str, Sequence[dict]]], method: str, baselines: Sequence[str],
-           n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list]]:
-    """Table 2's layout: one row per method, EM and LJ (percent) per dataset; then, per dataset, the
-    difference of ``method`` to the best baseline (by EM) with its 95 % interval and the sample size.
+# Datasets whose questions are searched in a corpus that lacks most of their evidence (the harness's open-corpus
+# default for sets that ship none: the 2Wiki paragraphs and the HotpotQA distractor contexts): their columns say so
+OPEN_CORPUS_DATASETS = ("hotpotqa", "musique", "bamboogle")
+OPEN_CORPUS_NOTE = " (corpus lacks most evidence)"
 
-    ``records[dataset][method]`` are the per-question records. LJ is ``–`` where no judge ran.
+
+def dataset_label(dataset: str) -> str:
+    return dataset + (OPEN_CORPUS_NOTE if dataset in OPEN_CORPUS_DATASETS else "")
+
+
+def table2(records: Mapping[str, Mapping[str, Sequence[dict]]], method: str, baselines: Sequence[str],
+           n_resamples: int = 10_000, seed: int = 0, peers: Sequence[str] = (),
+           models: Mapping[str, str] | None = None) -> tuple[list[str], list[list]]:
+    """Table 2's layout: one row per method, EM and LJ (percent) per dataset; then, per dataset, the
+    difference of ``method`` to the best prompt baseline (by EM), and with ``peers`` (trained recipes, each on its
+    own checkpoint) to the best peer, with its 95 % interval and the sample size. ``models``: the model each row
+    ran on, as a column after the method (the baselines on the untrained backbone, each recipe on its own).
+
+    ``records[dataset][method]`` are the per-question records. LJ is ``–`` where no judge ran. A dataset searched
+    in a corpus that lacks most of its evidence (:data:`OPEN_CORPUS_DATASETS`) is labelled so in its columns.
     """
     datasets = list(records)
-    header = ["method"] + [f"{d} {m}" for d in datasets for m in ("EM", "LJ")]
+    header = ["method"] + (["model"] if models is not None else []) + \
+        [f"{dataset_label(d)} {m}" for d in datasets for m in ("EM", "LJ")]
 
     def cell(value):
         return "–" if value is None else round(100 * value, 1)
 
     rows = []
-    for name in list(baselines) + [method]:
-        row = [name]
+    for name in [*baselines, *peers, method]:
+        row = [name] + ([models.get(name, "–")] if models is not None else [])
         for d in datasets:
             recs = records[d].get(name)
             row += [cell(_mean([r["em"] for r in recs])) if recs else "–",
                     cell(_mean([r.get("lj") for r in recs])) if recs else "–"]
         rows.append(row)
-    diff_row = [f"{method} − best baseline (EM, 95% CI, n)"]
-    for d in datasets:
-        present = [b for b in baselines if records[d].get(b)]
-        if not present or not records[d].get(method):
-            diff_row += ["–", "–"]
+    for group, label in ((list(baselines), "best baseline"), (list(peers), "best peer")):
+        if not group:
             continue
-        best = max(present, key=lambda b: _mean([r["em"] for r in records[d][b]]) or 0.0)
-        c = compare(records[d][method], records[d][best], "em", n_resamples, seed)
-        diff_row += [f"{c['diff']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] n={c['n']}", f"vs {best}"]
-    rows.append(diff_row)
+        diff_row = [f"{method} − {label} (EM, 95% CI, n)"] + (["–"] if models is not None else [])
+        for d in datasets:
+            present = [b for b in group if records[d].get(b)]
+            if not present or not records[d].get(method):
+                diff_row += ["–", "–"]
+                continue
+            best = max(present, key=lambda b: _mean([r["em"] for r in records[d][b]]) or 0.0)
+            c = compare(records[d][method], records[d][best], "em", n_resamples, seed)
+            diff_row += [f"{c['diff']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] n={c['n']}", f"vs {best}"]
+        rows.append(diff_row)
     return header, rows
 
 

@@ -11,11 +11,16 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from kunlunlab.agent.methods import METHODS, PEER_METHODS
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.data.splits import Splits
-from kunlunlab.configs import apply_overrides, build_dataclass, leaf_paths, leaf_values, read_config_file
+from kunlunlab.configs import (apply_overrides, build_dataclass, choice, leaf_paths, leaf_values, non_negative, positive,
+                               positive_or, probability, read_config_file, within)
 from kunlunlab.agent.stie import STIEConfig
+from kunlunlab.models import INFERENCE_DTYPES
+from kunlunlab.retrieval.retriever import INDEX_KINDS
 from kunlunlab.training.dpo import DPOStageConfig
 from kunlunlab.training.mixing import MixingConfig
 from kunlunlab.training.process_rewards import MCTSConfig
@@ -23,7 +28,10 @@ from kunlunlab.training.rewards import RewardConfig
 
 log = logging.getLogger(__name__)
 
-AGENT_METHODS = ("kunlun", "agent")
+AGENT_METHODS = ("kunlun", "agent", *PEER_METHODS)  # what trains: the whole method, its plain agent, the peers' agents
+# The RL stage's loss types, as TRL 1.16's GRPOConfig.loss_type documents them (tests/training/test_rl_algorithms.py
+# checks the list against the installed TRL); GSPO is loss_type "grpo" with importance_sampling_level "sequence"
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 TRACKERS = ("tensorboard", "wandb")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -33,18 +41,18 @@ class SFTStageConfig:
     """Stage 1, format cold start (TRL ``SFTTrainer``)."""
 
     enabled: bool = True
-    learning_rate: float = 3e-4      # measured: 3e-4 vs 1e-4 took held-out EM after SFT from 15 to 32.5 (embedded model)
-    batch_size: int = 4              # sequences per device and accumulation step, batched by similar length
-    grad_accum: int = 1
-    micro_batch_size: int | None = None  # sequences per forward/backward (None: batch_size); a divisor of
+    learning_rate: float = positive(3e-4)  # measured: 3e-4 vs 1e-4 took held-out EM after SFT from 15 to 32.5 (embedded model)
+    batch_size: int = positive(4)    # sequences per device and accumulation step, batched by similar length
+    grad_accum: int = positive(1)
+    micro_batch_size: int | None = positive(None)  # sequences per forward/backward (None: batch_size); a divisor of
                                      # batch_size fed as gradient accumulation, so an optimizer step sees the same
                                      # sequences and the same token-mean loss at a fraction of the peak memory
-    warmup_ratio: float = 0.05
-    train_layers: int | None = None  # train only the top N decoder layers (None: all); embeddings stay frozen
-    max_length: int = 1280           # whole-agent samples (RDRA background + 4-hop chains) reach ~1.2k tokens
-    max_steps: int = -1              # -1: one pass over the mixed epochs, in schedule order
-    save_steps: int = 10
-    logging_steps: int = 1
+    warmup_ratio: float = probability(0.05)
+    train_layers: int | None = positive(None)  # train only the top N decoder layers (None: all); embeddings stay frozen
+    max_length: int = positive(1280)  # whole-agent samples (RDRA background + 4-hop chains) reach ~1.2k tokens
+    max_steps: int = positive_or(-1, -1)  # -1: one pass over the mixed epochs, in schedule order
+    save_steps: int = positive(10)
+    logging_steps: int = positive(1)
 
     def __post_init__(self):
         micro = self.micro_batch_size
@@ -67,27 +75,34 @@ class DAPOStageConfig:
     """Stage 2, DAPO (TRL ``GRPOTrainer`` with ``loss_type="dapo"``) over rollouts of the shared engine."""
 
     enabled: bool = True
-    steps: int = 8                   # optimizer updates (TRL's max_steps); rollout calls = steps / updates_per_generation
-    prompts_per_step: int = 2        # questions per rollout batch, all training processes together
-    num_generations: int = 4
-    micro_batch_size: int | None = None  # sequences per forward/backward on one device (None: a whole update's)
-    updates_per_generation: int = 1  # optimizer updates per rollout batch; >= 2 lets the importance ratio move so
+    steps: int = positive(8)         # optimizer updates (TRL's max_steps); rollout calls = steps / updates_per_generation
+    prompts_per_step: int = positive(2)  # questions per rollout batch, all training processes together
+    num_generations: int = positive(4)
+    micro_batch_size: int | None = positive(None)  # sequences per forward/backward on one device (None: a whole update's)
+    updates_per_generation: int = positive(1)  # optimizer updates per rollout batch; >= 2 lets the importance ratio move so
                                      # clip-higher can bind (kunlunlab.training.geometry)
-    learning_rate: float = 5e-6
-    epsilon: float = 0.2             # clip low
-    epsilon_high: float = 0.28       # clip-higher (DAPO)
-    beta: float = 0.0                # no KL term (DAPO)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    learning_rate: float = positive(5e-6)
+    # The RL algorithm, a knob (defaults: DAPO, Yu et al. 2025). DAPO's four parts, each switchable on its own:
+    # clip-higher (epsilon_high > epsilon; = epsilon switches it off), dynamic sampling (dynamic_sampling), overlong
+    # shaping (rewards.overlong_shaping) and the token-level loss (loss_type "dapo"; "grpo" averages per sequence)
+    loss_type: str = choice("dapo", LOSS_TYPES)
+    importance_sampling_level: str = choice("token", ("token", "sequence"))  # "sequence" + loss_type "grpo": GSPO
+    scale_rewards: str = choice("group", ("group", "batch", "none"))  # advantage scaling: group std (GRPO, DAPO),
+                                     # batch std (REINFORCE++'s global normalisation), none (Dr. GRPO)
+    epsilon: float = non_negative(0.2)  # clip low
+    epsilon_high: float = non_negative(0.28)  # clip-higher (DAPO)
+    beta: float = non_negative(0.0)  # no KL term (DAPO); GRPO / Search-R1 / ReSearch: 0.001
+    temperature: float = positive(1.0)
+    top_p: float = within(1.0, 0, 1, low_open=True)
     dynamic_sampling: bool = True    # groups with all-equal accuracy are replaced by informative groups (refill)
-    max_resample: int = 1            # refill rounds per step
+    max_resample: int = non_negative(1)  # refill rounds per step
     flat_includes_budget: bool = False  # with rewards.w_budget > 0: equal accuracy but unequal budget is informative
-    max_turn_tokens: int = 160       # training turns reach 124 tokens (two facts + two next queries); 96 cut them
-    max_total_tokens: int = 1024     # lets 4-hop bridge comparisons finish
-    save_steps: int = 2
-    logging_steps: int = 1
+    max_turn_tokens: int = positive(160)  # training turns reach 124 tokens (two facts + two next queries); 96 cut them
+    max_total_tokens: int = positive(1024)  # lets 4-hop bridge comparisons finish
+    save_steps: int = positive(2)
+    logging_steps: int = positive(1)
     use_vllm: bool = False           # multi-GPU: generation on TRL's vLLM (see experiments/configs)
-    vllm_mode: str = "server"
+    vllm_mode: str = choice("server", ("server", "colocate"))
     vllm_server_url: str | None = None  # the `trl vllm-serve` address (None: TRL's default host and port, 8000)
 
 
@@ -98,9 +113,9 @@ class LoRAConfig:
     when it finishes, so every ``<stage>/final`` is a whole model that ``kunlunlab eval --model`` reads."""
 
     enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+    r: int = positive(16)
+    alpha: int = positive(32)
+    dropout: float = probability(0.05, high_open=True)
     target_modules: list[str] | str = "all-linear"
 
     def peft_config(self):
@@ -125,9 +140,9 @@ class RetrievalSource:
 
     url: str | None = None
     index_dir: str | None = None
-    attempts: int = 5
-    backoff: float = 1.0
-    timeout: float = 60.0
+    attempts: int = positive(5)
+    backoff: float = non_negative(1.0)
+    timeout: float = positive(60.0)
 
     def __post_init__(self):
         if self.url and self.index_dir:
@@ -151,10 +166,10 @@ class DataSpec:
     their paragraphs (HotpotQA layout), searched through ``retrieval``."""
 
     rl_prompts: str | None = None
-    rl_prompts_limit: int | None = None   # read the first N questions of the file (None: all)
-    rl_heldout: int = 20
-    rl_prompts_share: float = 1.0
-    sft_share: float = 0.0
+    rl_prompts_limit: int | None = positive(None)  # read the first N questions of the file (None: all)
+    rl_heldout: int = non_negative(20)
+    rl_prompts_share: float = probability(1.0)
+    sft_share: float = probability(0.0)
 
     def __post_init__(self):
         for name in ("rl_prompts_share", "sft_share"):
@@ -173,7 +188,7 @@ class PRLStageConfig:
     (``dapo.enabled=false``) to train with ReasonRAG's recipe alone."""
 
     enabled: bool = False
-    questions: int = 16
+    questions: int = positive(16)
     mcts: MCTSConfig = field(default_factory=MCTSConfig)
     dpo: DPOStageConfig = field(default_factory=DPOStageConfig)
 
@@ -182,9 +197,11 @@ class PRLStageConfig:
 class AgentSpec:
     """The agent that is trained and evaluated. ``kunlun``: RDRA background (§2.1) in every prompt of the
     training data, the rollouts and the evaluation, and STIE (§2.2) over the answer rounds; ``agent``: the
-    search-think protocol alone (the ablation)."""
+    search-think protocol alone (the ablation); ``search_r1``, ``research``, ``r1_searcher``: a peer's agent in its
+    own protocol (:mod:`kunlunlab.agent.protocols`), its SFT data rendered in it (:mod:`kunlunlab.training.peer_data`);
+    the peer recipes are experiments/configs/training/peers/*.json."""
 
-    method: str = "kunlun"
+    method: str = choice("kunlun", AGENT_METHODS)
     rdra: RDRAConfig = field(default_factory=RDRAConfig)
     stie: STIEConfig = field(default_factory=STIEConfig)
 
@@ -196,50 +213,55 @@ class AgentSpec:
     def whole(self) -> bool:
         return self.method == "kunlun"
 
+    @property
+    def protocol(self) -> str:
+        """The agent protocol its data, rollouts and evaluation speak (a peer's agent: the peer's own)."""
+        return self.method if self.method in PEER_METHODS else "search_think"
+
 
 @dataclass
 class EvalSpec:
-    method: str = "kunlun"           # the inference pipeline measured before and after training
+    method: str = choice("kunlun", METHODS)  # the inference pipeline measured before and after training
     before: bool = True              # False: skip the evaluation before training (a variant of a measured run)
-    world_questions: int = 40        # held-out synthetic questions (never in the training set)
-    hotpot_questions: int = 20       # held-out HotpotQA distractor questions (0: skip)
-    summary_questions: int = 20      # held-out summary-oriented world questions (0: skip)
-    batch_size: int = 20
-    max_total_tokens: int = 1024     # the same budgets as the DAPO rollouts
-    max_turn_tokens: int = 160
+    world_questions: int = non_negative(40)  # held-out synthetic questions (never in the training set)
+    hotpot_questions: int = non_negative(20)  # held-out HotpotQA distractor questions (0: skip)
+    summary_questions: int = non_negative(20)  # held-out summary-oriented world questions (0: skip)
+    batch_size: int = positive(20)
+    max_total_tokens: int = positive(1024)  # the same budgets as the DAPO rollouts
+    max_turn_tokens: int = positive(160)
 
 
 @dataclass
 class TrainConfig:
     model: str | None = None         # None: the embedded SmolLM2-135M-Instruct; hub id or local path
-    world_passages: int = 2000
-    world_seed: int = 0
-    train_questions: int = 400
-    summary_share: float = 0.1       # summary-oriented questions ("Describe how X is connected to Y.", the long-answer
+    world_passages: int = positive(2000)
+    world_seed: int = non_negative(0)
+    train_questions: int = non_negative(400)
+    summary_share: float = probability(0.1, high_open=True)  # summary-oriented questions ("Describe how X is connected to Y.", the long-answer
                                      # mode, §2.3 eq. 18) added beside the train_questions factoid ones, to make this
                                      # share of the world's training questions: in the SFT mix and DAPO's prompts
-    question_seed: int = 1
-    heldout_seed: int = 2
-    index_kind: str = "flat"
+    question_seed: int = non_negative(1)
+    heldout_seed: int = non_negative(2)
+    index_kind: str = choice("flat", INDEX_KINDS)
     embedder: str | None = None
-    top_k: int = 1                   # passages per query, in training data and rollouts alike; measured: recall@1
+    top_k: int = positive(1)         # passages per query, in training data and rollouts alike; measured: recall@1
                                      # of the world's hop queries is 97 % (99 % at 2) and samples are ~20 % shorter
-    max_result_chars: int = 300
+    max_result_chars: int = positive(300)
     hotpot: bool = True              # add HotpotQA distractor trajectories (when the data folder is present)
-    hotpot_train_fraction: float = 0.5  # the first half trains, the rest is held out for evaluation
+    hotpot_train_fraction: float = probability(0.5)  # the first half trains, the rest is held out for evaluation
     twowiki: bool = False            # add 2Wiki dev questions with silver evidence chains in the 2Wiki corpus
                                      # (kunlunlab.data.evidence; mixing.twowiki_share of each epoch)
-    twowiki_heldout: int = 100       # the first N 2Wiki dev questions (what evaluations read) are never trained on
-    threads: int | None = None
-    seed: int = 0
-    bf16: bool | str = False         # bf16 autocast in training; "auto": where the hardware has native bf16
+    twowiki_heldout: int = non_negative(100)  # the first N 2Wiki dev questions (what evaluations read) are never trained on
+    threads: int | None = positive(None)
+    seed: int = non_negative(0)
+    bf16: bool | Literal["auto"] = False  # bf16 autocast in training; "auto": where the hardware has native bf16
     device: str = "auto"             # where the model lives: auto (CUDA when present; under accelerate this
                                      # process's GPU), cpu, cuda, cuda:N
-    model_dtype: str = "auto"        # the weights' dtype: auto (bfloat16 on a GPU with bf16, float32 elsewhere)
-    inference_dtype: str = "auto"    # rollouts and evaluations generate in it (auto: bfloat16 on AMX/AVX512-BF16 CPUs)
+    model_dtype: str = choice("auto", MODEL_DTYPES)  # the weights' dtype: auto (bfloat16 on a GPU with bf16, float32 elsewhere)
+    inference_dtype: str = choice("auto", INFERENCE_DTYPES)  # rollouts and evaluations generate in it (auto: bfloat16 on AMX/AVX512-BF16 CPUs)
     gradient_checkpointing: bool = False
     deepspeed: str | None = None     # a DeepSpeed JSON config (multi-GPU); launched through accelerate
-    report_to: list[str] = field(default_factory=list)  # TRL trainers' trackers: tensorboard, wandb (offline);
+    report_to: list[str] | str = field(default_factory=list)  # TRL trainers' trackers: tensorboard, wandb (offline);
                                      # event files go to <run>/<stage>/runs; the jsonl logs are kept either way
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     retrieval: RetrievalSource = field(default_factory=RetrievalSource)
@@ -266,6 +288,17 @@ class TrainConfig:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.agent.method in PEER_METHODS and self.eval.method != self.agent.method:
+            # a peer's agent speaks only its own protocol: evaluated as anything else it never closes a tag
+            raise ValueError(f"agent.method={self.agent.method} trains {self.agent.method}'s protocol: set "
+                             f"eval.method={self.agent.method} (got {self.eval.method!r})")
+        peer_reward = self.rewards.kind != "kunlun"
+        if peer_reward != (self.agent.method in PEER_METHODS) or (peer_reward and
+                                                                  not self.rewards.kind.startswith(self.agent.method)):
+            # each reward reads one protocol's tags: any other protocol scores 0 on every sample
+            raise ValueError(f"rewards.kind={self.rewards.kind} does not read agent.method={self.agent.method}'s "
+                             "protocol: the kunlun and agent methods take rewards.kind=kunlun, a peer's agent its own "
+                             "reward (search_r1, research, r1_searcher or one of its stages)")
 
     def splits(self, world_heldout: int | None = None, hotpot_heldout: int | None = None,
                summary_heldout: int | None = None) -> Splits:

@@ -65,10 +65,13 @@ from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
+from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.agent.stie import STIEController
 from kunlunlab.agent.transformers_backend import TransformersBackend
+from kunlunlab.data.answers import exact_match
+from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
@@ -86,7 +89,8 @@ class SearchRollout:
                  dapo: DAPOStageConfig, rewards: RewardConfig, log_path: str | Path | None = None,
                  system_prompt: str = SYSTEM_PROMPT, assistant_prefix: str = "<think>", rdra=None, stie=None,
                  supporting: dict[str, list[str]] | None = None, inference_dtype: str = "auto",
-                 routes: dict[str, object] | None = None, facts: dict[str, list[str]] | None = None):
+                 routes: dict[str, object] | None = None, facts: dict[str, list[str]] | None = None,
+                 protocol: str = "search_think"):
         """``answers``: every training question with its gold answers (the refill pool of dynamic sampling);
         ``rdra`` (an :class:`~kunlunlab.agent.rdra.RDRAConfig`) and ``stie`` (a
         :class:`~kunlunlab.agent.stie.STIEConfig`) switch the whole agent on; None leaves each out.
@@ -96,7 +100,10 @@ class SearchRollout:
         ``routes``: question → the search its rollouts use instead of ``search`` (real RL prompts search their
         corpus's service while the world's questions search the world's index); each search's questions are
         rolled out as one batch. ``facts``: summary-oriented questions' gold facts (the accuracy term then scores
-        the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`)."""
+        the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`). ``protocol``: the agent
+        protocol the rollouts speak (:mod:`kunlunlab.agent.protocols`; a peer's prompt, tags and document block);
+        for a peer's protocol, accuracy (the stats' and dynamic sampling's) is the exact match of the answer the
+        peer's own extraction reads, and format compliance the peer's own format check."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
@@ -107,6 +114,7 @@ class SearchRollout:
         self.rdra, self.stie = rdra, stie
         self.log_path = Path(log_path) if log_path else None
         self.routes = routes or {}
+        self.protocol = get_protocol(protocol)
         self.calls = 0
         self.history: list[dict] = []
         self._remote = None
@@ -153,13 +161,26 @@ class SearchRollout:
             for q, c in zip(unique, rdra_contexts(backend, search, unique, self.rdra)):
                 backgrounds[q] = c.background
                 self._rdra[q] = c
-        prompts = [chat_prompt_ids(self.tokenizer, build_messages(q, backgrounds[q], self.system_prompt), self.prefix)
-                   for q in questions]
+        prefix = self._prefix()
+        prompts = [chat_prompt_ids(self.tokenizer, self._messages(q, backgrounds[q]), prefix) for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
-        trajs = RolloutEngine(backend, search, cfg).run(prompts, questions, controller, [self.prefix] * len(questions))
+        trajs = RolloutEngine(backend, search, cfg, self.protocol).run(prompts, questions, controller,
+                                                                       [prefix] * len(questions))
         for i, t in enumerate(trajs):
             t.final_answer = (controller.final_answer(i) if controller else None) or t.answer
         return trajs
+
+    def _messages(self, question: str, background: str | None) -> list[dict]:
+        if self.protocol.name == "search_think":
+            return build_messages(question, background, self.system_prompt)
+        return self.protocol.messages(question, background)
+
+    def _prefix(self) -> str:
+        return self.prefix if self.protocol.name == "search_think" else self.protocol.assistant_prefix
+
+    def _peer_answer(self, t: Trajectory) -> str | None:
+        """A peer protocol's answer: the last answer turn's, else the peer's own extraction over the completion."""
+        return t.final_answer or self.protocol.final_answer(t.text)
 
     def _record(self, t: Trajectory):
         record = parse_completion(t.text, model_tokens=t.model_tokens)  # t.text starts with the prefix step
@@ -169,8 +190,14 @@ class SearchRollout:
         return record
 
     def _accuracies(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
+        if self.protocol.name != "search_think":
+            return [exact_match(self._peer_answer(t), self.answers[q]) if self.answers.get(q) else 0.0
+                    for q, t in zip(questions, trajs)]
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards, self.facts.get(q))
                 for q, t in zip(questions, trajs)]
+
+    def _format_ok(self, record, t: Trajectory) -> bool:
+        return format_compliant(record) if self.protocol.name == "search_think" else self.protocol.format_ok(t.text)
 
     def _budget(self, question: str, t: Trajectory) -> float | None:
         context = self._rdra.get(question)
@@ -234,6 +261,12 @@ class SearchRollout:
         groups = [list(range(i, min(i + groups_n, len(questions)))) for i in range(0, len(questions), groups_n)]
         seed = 1000 * (trainer.state.global_step + 1) + trainer.args.seed
         rank, processes = _processes(trainer)
+        if getattr(trainer, "use_vllm", False) and processes > 1:
+            # TRL pushes the new weights to the vLLM server from the main process just before calling this; under
+            # ZeRO-2 the other ranks take part in no collective of that sync and would sample from weights still
+            # being pushed. Every rank waits here until the main process is done (TRL's own generation gathers
+            # first; a rollout_func must do it itself).
+            trainer.accelerator.wait_for_everyone()
         trajs = self._roll(backend, questions, seed)
         signals = self._signals(questions, trajs)
         flat_before = len(self._flat(groups, signals))
@@ -253,6 +286,7 @@ class SearchRollout:
 
         eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         eos = eos if isinstance(eos, int) and eos >= 0 else self.tokenizer.eos_token_id
+        eos_ids = {eos, self.tokenizer.eos_token_id} - {None}
         filtered = set()
         n_flat, n_groups = len(flat), len(groups)
         if self.dapo.dynamic_sampling and processes > 1:
@@ -265,8 +299,8 @@ class SearchRollout:
         completion_ids, logprobs, env_mask = [], [], []
         for i, t in enumerate(trajs):
             ids, lps, mask = list(t.completion_ids), list(t.logprobs), list(t.mask)
-            if t.finish in ("answer", "controller") and eos is not None:
-                ids, lps, mask = ids + [eos], lps + [0.0], mask + [0]  # a finished sample ends with EOS
+            if t.finish in ("answer", "controller") and eos is not None and not (ids and ids[-1] in eos_ids):
+                ids, lps, mask = ids + [eos], lps + [0.0], mask + [0]  # a finished sample ends with EOS (once)
             if not ids:  # the engine always returns tokens; never hand TRL an empty completion
                 ids, lps, mask = [eos], [0.0], [0]
             if i in filtered:
@@ -281,7 +315,7 @@ class SearchRollout:
             "searches": sum(t.n_searches for t in trajs) / len(trajs),
             "model_tokens": sum(t.model_tokens for t in trajs) / len(trajs),
             "env_tokens": sum(len(t.mask) - t.model_tokens for t in trajs) / len(trajs),
-            "format_compliance": sum(format_compliant(r) for r in records) / len(trajs),
+            "format_compliance": sum(self._format_ok(r, t) for r, t in zip(records, trajs)) / len(trajs),
             "flat_groups_before": flat_before, "refilled_groups": refilled, "refill_questions_tried": tried,
             "filtered_groups": len(filtered) // groups_n if filtered else 0,
             "flat_groups": len(flat), "groups": len(groups), "seconds": time.perf_counter() - start,
@@ -302,7 +336,7 @@ class SearchRollout:
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records],
                 "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets,
-                "facts": [self.facts.get(q) for q in questions]}
+                "facts": [self.facts.get(q) for q in questions], "finish": [t.finish for t in trajs]}
 
 
 def vllm_server_url(args) -> str:
@@ -379,14 +413,15 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
     plan = batch_plan(cfg, world_size or world_size_from_env())
     # one checkpoint is enough to resume: the Trainer writes the new one before it deletes the old
     return GRPOConfig(
-        output_dir=str(output_dir), loss_type="dapo", epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
+        output_dir=str(output_dir), loss_type=cfg.loss_type, importance_sampling_level=cfg.importance_sampling_level,
+        epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high,
         beta=cfg.beta, num_generations=cfg.num_generations, temperature=cfg.temperature, top_p=cfg.top_p,
         **plan.trl_args(),
         learning_rate=cfg.learning_rate, max_steps=cfg.steps, max_completion_length=cfg.max_total_tokens + 1,
-        reward_weights=reward_weights or rewards.weights, scale_rewards="group", mask_truncated_completions=False,
+        reward_weights=reward_weights or rewards.weights, scale_rewards=cfg.scale_rewards, mask_truncated_completions=False,
         logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps, save_total_limit=1,
         report_to=list(report_to or []), seed=seed, bf16=bf16,
-        deepspeed=deepspeed, activation_checkpointing=gradient_checkpointing,
+        deepspeed=deepspeed, **checkpointing_args(gradient_checkpointing),
         use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode, vllm_server_base_url=cfg.vllm_server_url, disable_tqdm=True, dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(), lr_scheduler_type="constant",
     )

@@ -79,6 +79,7 @@ from kunlunlab.agent.rdra import (RDRAConfig, background_text, clip_doc, joint_c
                                   plan_queries)
 from kunlunlab.agent.rollout import result_block
 from kunlunlab.agent.stie import STIEConfig, STIEController
+from kunlunlab.configs import choice, non_negative, positive, probability
 from kunlunlab.data.types import Passage, QAExample
 from kunlunlab.retrieval.retriever import Hit
 
@@ -89,26 +90,26 @@ NOISE_KINDS = ("distractor", "wrong_hop", "background")
 
 @dataclass
 class MixingConfig:
-    epochs: int = 3
-    turning_epoch: int = 2           # T: from this epoch on, only high-quality data
-    hq_share_start: float = 0.5      # p0, eq. 14 (1:1 noisy to high quality)
-    hq_shape: float = 1.0            # γ, eq. 15 (1 = linear)
-    noise_start: float = 0.3         # ρ0, eq. 16
-    noise_end: float = 0.7           # ρ_max, eq. 16
-    samples_per_epoch: int = 64
-    hotpot_share: float = 0.25       # of each epoch's samples, taken from HotpotQA (when given)
-    twowiki_share: float = 0.0       # ... from 2Wiki questions with silver evidence chains (when given)
-    first_turn_samples: int = 0      # extra per epoch: prompt + the first turn only (cheap decomposition practice)
-    noise_kinds: tuple[str, ...] = NOISE_KINDS
+    epochs: int = positive(3)
+    turning_epoch: int = non_negative(2)  # T: from this epoch on, only high-quality data
+    hq_share_start: float = probability(0.5)  # p0, eq. 14 (1:1 noisy to high quality)
+    hq_shape: float = positive(1.0)  # γ, eq. 15 (1 = linear)
+    noise_start: float = probability(0.3)  # ρ0, eq. 16
+    noise_end: float = probability(0.7)  # ρ_max, eq. 16
+    samples_per_epoch: int = positive(64)
+    hotpot_share: float = probability(0.25)  # of each epoch's samples, taken from HotpotQA (when given)
+    twowiki_share: float = probability(0.0)  # ... from 2Wiki questions with silver evidence chains (when given)
+    first_turn_samples: int = non_negative(0)  # extra per epoch: prompt + the first turn only (cheap decomposition practice)
+    noise_kinds: tuple[str, ...] = choice(NOISE_KINDS, NOISE_KINDS)
     quote_evidence: bool = False     # think turns quote the result sentence that holds each hop's answer
     # The whole agent's parts (the `kunlun` method, TrainConfig.agent.method's default, runs all three); the
     # plain-agent ablation turns them off (rdra_background false, plan_samples 0, stie_feedback_share 0).
     rdra_background: bool = True     # prompts carry RDRA's background block (plan + joint context), as `kunlun` runs
-    background_facts: float = 0.0    # ... and (share of questions) a stage it shows is read from it, not searched
-    plan_samples: int = 12           # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2); none are
+    background_facts: float | bool = probability(0.0)  # ... and (share of questions) a stage it shows is read from it, not searched
+    plan_samples: int = non_negative(12)  # extra per epoch: RDRA planning prompt -> teacher plan (eq. 2); none are
                                      # written with plan-free RDRA. 12: experiments/results/planned_makerun
-    stie_feedback_share: float = 0.25  # trajectories that continue after the answer with STIE feedback (§2.2)
-    stie_wrong_first: float = 0.5    # ... of which the first answer is wrong (masked) and corrected after feedback
+    stie_feedback_share: float = probability(0.25)  # trajectories that continue after the answer with STIE feedback (§2.2)
+    stie_wrong_first: float = probability(0.5)  # ... of which the first answer is wrong (masked) and corrected after feedback
 
     def __post_init__(self):
         if self.epochs < 1 or self.turning_epoch < 0 or self.samples_per_epoch < 1 or self.first_turn_samples < 0:
@@ -270,7 +271,9 @@ class TrajectoryBuilder:
 
     def _env(self, queries: list[str], golds: list[str | None], withhold: set[str] = frozenset()) -> dict:
         hits = self._hits(queries, golds, withhold)
-        return {"role": "env", "text": self._block(hits, queries, self.max_result_chars), "train": False}
+        # docs and queries too: kunlunlab.training.peer_data writes the same search in another protocol
+        return {"role": "env", "text": self._block(hits, queries, self.max_result_chars), "train": False,
+                "docs": [[h.contents for h in row] for row in hits], "queries": list(queries)}
 
     # -- the whole agent: RDRA background and plans (§2.1), STIE feedback rounds (§2.2)
     def teacher_plan(self, ex: QAExample) -> str:

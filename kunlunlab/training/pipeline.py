@@ -31,6 +31,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 
+from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
@@ -41,6 +42,7 @@ from kunlunlab.models import load_llm, release_host_memory, resolve_device, reso
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+from kunlunlab.retrieval.store import load_retriever, save_retriever
 from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
                                        load_config)
 from kunlunlab.training.dapo import SearchRollout, gather_across, rl_dataset, run_dapo
@@ -48,6 +50,7 @@ from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, data_stats, mix, schedule
 from kunlunlab.training.preferences import collect_preferences, read_preferences
+from kunlunlab.training.peer_data import render_all
 from kunlunlab.training.records import build_summary, write_log
 from kunlunlab.training.rewards import format_compliant, parse_completion
 from kunlunlab.training.sft import freeze_for_sft, run_sft, sft_dataset
@@ -58,7 +61,8 @@ SMOKE_OVERRIDES = {
     "train_questions": 24, "world_passages": 600,
     "mixing.epochs": 2, "mixing.turning_epoch": 1, "mixing.samples_per_epoch": 4,
     "sft.max_steps": 2, "sft.batch_size": 2, "sft.save_steps": 1, "sft.train_layers": 2,
-    "dapo.steps": 1, "dapo.prompts_per_step": 1, "dapo.num_generations": 2, "dapo.max_total_tokens": 160,
+    "dapo.steps": 1, "dapo.updates_per_generation": 1, "dapo.prompts_per_step": 1, "dapo.num_generations": 2,
+    "dapo.max_total_tokens": 160,
     "dapo.max_turn_tokens": 32, "dapo.max_resample": 0,
     "eval.world_questions": 2, "eval.hotpot_questions": 1, "eval.summary_questions": 1, "eval.max_total_tokens": 160,
     "eval.max_turn_tokens": 32,
@@ -100,13 +104,18 @@ def rl_prompt_pool(cfg: TrainConfig, data: TrainingData) -> list:
     return world[:round(len(real) * (1.0 - share) / share)] + real
 
 
-def _format_compliance(records: list[dict]) -> float | None:
-
+def _format_compliance(records: list[dict], protocol: str = "search_think") -> float | None:
+    """The share of trajectories that follow the agent's protocol end to end: this project's check for the
+    search-think protocol, a peer's own format check for its protocol (the completion after the assistant prefix)."""
     texts = [r["trajectory"].get("text") for r in records if isinstance(r.get("trajectory"), dict)]
     texts = [t for t in texts if t is not None]
     if not texts:
         return None
-    return round(sum(format_compliant(parse_completion(t)) for t in texts) / len(texts), 4)
+    if protocol == "search_think":
+        return round(sum(format_compliant(parse_completion(t)) for t in texts) / len(texts), 4)
+    peer = get_protocol(protocol)
+    return round(sum(peer.format_ok(t[len(peer.assistant_prefix):] if t.startswith(peer.assistant_prefix) else t)
+                     for t in texts) / len(texts), 4)
 
 
 def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path,
@@ -150,7 +159,8 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
     return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
             "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
             "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
-            "format_compliance": _format_compliance(records), "searches": summary["searches_per_question"],
+            "format_compliance": _format_compliance(records, cfg.agent.protocol),
+            "searches": summary["searches_per_question"],
             "agent_searches": summary.get("agent_searches_per_question"),
             "long_share": summary.get("long_share"), "fact_coverage": summary.get("fact_coverage"),
             "seconds": summary["wall_seconds"]}
@@ -186,15 +196,19 @@ class RunState:
         tmp.replace(self.path)
 
 
-def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real_search=None) -> list:
+def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real_search=None, build=None) -> list:
     """The mixed SFT trajectories of a training config (eqs. 14–16) with real retrieval: the world's gold
     chains and the HotpotQA training half, with RDRA backgrounds, plan samples and STIE feedback rounds as
     ``cfg.mixing`` asks. Notebook 02 shows exactly what notebook 04 trains on by calling this.
     ``real_search``: the search of the configured retrieval service or saved index (``cfg.retrieval``), used
     for every real source instead of an index built here over its corpus. Result blocks hold the run's
-    ``top_k`` passages of ``max_result_chars``, as its rollouts do; ``cfg.seed`` draws the mix."""
+    ``top_k`` passages of ``max_result_chars``, as its rollouts do; ``cfg.seed`` draws the mix. A peer's agent
+    (``agent.method`` search_r1, research, r1_searcher) gets the same trajectories written in its own protocol
+    (:mod:`kunlunlab.training.peer_data`). ``build(passages, name)``: how a real source's index is built (default:
+    here; a training run shares one between its processes, :func:`shared_retriever`)."""
     mixing = cfg.mixing
     index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder)
+    build = build or (lambda passages, name: build_retriever(passages, index))
     retriever = retriever or build_retriever(data.passages, index)
     sizes = {"top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars}
     builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra, **sizes)
@@ -206,10 +220,11 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
                                               mixing.twowiki_share),
                                              (rl_name, rl_sft, data.rl_passages, cfg.data.sft_share)):
         if questions and share > 0:  # each real source is searched in its own corpus, or through the service
-            search = real_search or build_retriever(passages, index).search
+            search = real_search or build(passages, name).search
             sources.append(RealSource(name, TrajectoryBuilder(search, passages, mixing, cfg.agent.rdra, **sizes),
                                       questions, share))
-    return mix(builder, data.train, mixing, sources, seed=cfg.seed)
+    trajectories = mix(builder, data.train, mixing, sources, seed=cfg.seed)
+    return render_all(trajectories, get_protocol(cfg.agent.protocol), cfg.max_result_chars)
 
 
 def training_plan(cfg: TrainConfig, world_size: int | None = None, check_hardware: bool = True) -> BatchPlan:
@@ -294,7 +309,10 @@ class TrainingRun:
         self.say(f"data: {len(self.data.train)} training and {len(self.data.heldout)} held-out synthetic questions, "
                  f"{len(self.data.hotpot_train)}/{len(self.data.hotpot_heldout)} HotpotQA train/held-out"
                  + (f", {len(self.data.twowiki_train)} 2Wiki questions with silver chains" if cfg.twowiki else ""))
-        self.retriever = build_retriever(self.data.passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
+        # the embedder and an exact index on this process's device (a GPU under accelerate: its own)
+        self.index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder,
+                                 device=self.device if self.device.startswith("cuda") else "cpu")
+        self.retriever = shared_retriever(self.data.passages, self.index, self.run_dir / "index" / "world")
         self.real_retriever = real_retriever(cfg)  # cfg.retrieval's service or saved index, else None
         self.model, self.tok = load_llm(cfg.model, dtype=self.plan.model_dtype, device=self.device)
         self.evaluations: dict[str, dict] = {}
@@ -302,6 +320,7 @@ class TrainingRun:
         self.stats_rows: list[dict] = []
         self.timings = self.state.get("seconds", {})
         self.steps = self.state.get("steps", {})
+        self.peaks = self.state.get("peak_gpu_gb", {})  # stage or evaluation -> its peak GPU memory (None on a CPU)
         self._frozen = False
 
     def evaluate(self, tag: str) -> dict:
@@ -311,6 +330,7 @@ class TrainingRun:
             self.evaluations[tag] = cached
             return cached
         t0 = time.perf_counter()
+        self._reset_peak()
         data, out = self.data, self.run_dir
         share = _process_share()  # under accelerate every process evaluates its share of the questions
         result = {"world": evaluate_model(self.model, self.tok, self.cfg, data.heldout, data.passages, "world",
@@ -326,6 +346,7 @@ class TrainingRun:
             result["rl_heldout"] = evaluate_model(self.model, self.tok, self.cfg, data.rl_heldout, data.rl_passages or None,
                                                   "rl_heldout", out / f"eval_{tag}_rl.jsonl", share, self.cfg.retrieval)
         result["seconds"] = round(time.perf_counter() - t0, 1)
+        self._record_peak(f"eval_{tag}")
         release_host_memory()  # the rollouts' caches, before the next stage allocates its own
         self.state.set(f"eval_{tag}", result)
         log_scalars(self.cfg.report_to, self.run_dir / "runs" / "eval", f"eval_{tag}", result)
@@ -336,8 +357,9 @@ class TrainingRun:
 
     def mix(self) -> list:
         """The SFT trajectories, mixed by the schedule of eqs. 14–16 (``trajectories.jsonl``, ``schedule.json``)."""
-        self.trajectories = mix_training_data(self.cfg, self.data, self.retriever,
-                                              self.real_retriever.search if self.real_retriever else None)
+        self.trajectories = mix_training_data(
+            self.cfg, self.data, self.retriever, self.real_retriever.search if self.real_retriever else None,
+            build=lambda passages, name: shared_retriever(passages, self.index, self.run_dir / "index" / name))
         if self.main_process:  # every process mixes the same data; one writes it (two truncated each other's)
             with (self.run_dir / "trajectories.jsonl").open("w") as f:
                 for t in self.trajectories:
@@ -346,6 +368,17 @@ class TrainingRun:
         self.stats_rows = data_stats(self.trajectories, self.tok)
         self.say(f"mixed {len(self.trajectories)} trajectories over {self.cfg.mixing.epochs} epochs")
         return self.trajectories
+
+    def _reset_peak(self) -> None:
+        """A stage's or evaluation's peak GPU memory is its own: the counter restarts where it starts."""
+        if self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+
+    def _record_peak(self, name: str) -> None:
+        """``state.json``'s ``peak_gpu_gb``: what ``name`` held at most on this process's GPU (None on a CPU)."""
+        cuda = self.device.startswith("cuda")
+        self.peaks[name] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+        self.state.set("peak_gpu_gb", self.peaks)
 
     def _freeze(self) -> int:
         """Full-parameter training freezes as ``sft.train_layers`` says; with LoRA peft freezes the base weights
@@ -394,6 +427,7 @@ class TrainingRun:
             (final / AGENT_SETTINGS_FILE).write_text(json.dumps(agent_settings(self.cfg), indent=2))
             write_log(self.run_dir / f"{stage}_log.jsonl", trainer.state.log_history)
         self.timings[stage] = round(time.perf_counter() - t0, 1)
+        self._record_peak(stage)
         self.steps[stage] = trainer.state.global_step
         self.state.set("seconds", self.timings)
         self.state.set("steps", self.steps)
@@ -424,6 +458,7 @@ class TrainingRun:
             return
         trainable = self._freeze()
         t0 = time.perf_counter()
+        self._reset_peak()
         self.model.train()
         dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
         self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
@@ -455,6 +490,7 @@ class TrainingRun:
         if not cfg.prl.enabled or self._resumed("prl"):
             return
         final, t0 = self.run_dir / "prl" / "final", time.perf_counter()
+        self._reset_peak()
         self.model.eval()
         examples = self.data.train[:cfg.prl.questions]
         prefs = self.run_dir / "prl" / "preferences.jsonl"
@@ -486,13 +522,14 @@ class TrainingRun:
         if not cfg.dapo.enabled or self._resumed("dapo"):
             return
         final, t0 = self.run_dir / "dapo" / "final", time.perf_counter()
+        self._reset_peak()
         self.model.train()
         whole = cfg.agent.whole
         pool = rl_prompt_pool(cfg, data)
         real = {q.question for q in data.rl_train} & {q.question for q in pool}
         real_search = self.real_retriever.search if self.real_retriever else None
         if real and real_search is None:  # the real prompts' own paragraphs, else the world's index (no evidence)
-            real_search = (build_retriever(data.rl_passages, IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder))
+            real_search = (shared_retriever(data.rl_passages, self.index, self.run_dir / "index" / "rl_prompts")
                            .search if data.rl_passages else None)
         rollout = SearchRollout(self.retriever.search, self.tok, {q.question: q.answers for q in pool},
                                 self._rollout_config(), cfg.dapo, cfg.rewards, log_path=self.run_dir / "dapo_rollouts.jsonl",
@@ -500,7 +537,8 @@ class TrainingRun:
                                 supporting={q.question: list(q.supporting_ids) for q in pool},
                                 inference_dtype=cfg.inference_dtype,
                                 routes={q: real_search for q in real} if real_search else None,
-                                facts={q.question: list(q.facts) for q in pool if q.facts})
+                                facts={q.question: list(q.facts) for q in pool if q.facts},
+                                protocol=cfg.agent.protocol)
         dataset = rl_dataset([q.question for q in pool], [q.answers for q in pool])
         self._finish_stage("dapo", run_dapo(self.model, self.tok, dataset, rollout, cfg.dapo, cfg.rewards,
                                             self.run_dir / "dapo", cfg.seed, callbacks=self.dapo_callbacks,
@@ -515,6 +553,7 @@ class TrainingRun:
         before = self.evaluations.get("before") or (self.evaluate("before") if self.cfg.eval.before else {})
         after = self.evaluations.get("after") or self.evaluate("after")
         summary = build_summary(self.cfg, before, after, self.timings, self.steps, self.trajectories, self.stats_rows)
+        summary["peak_gpu_gb"] = self.peaks
         (self.run_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
@@ -577,13 +616,29 @@ def log_scalars(report_to: list[str], log_dir: Path, prefix: str, result: dict) 
         writer.close()
 
 
-def _is_main_process() -> bool:
-
+def _partial_state() -> PartialState:
     # cpu as the trainers set it (use_cpu without CUDA; ACCELERATE_USE_CPU): under a CPU-only `accelerate
     # launch`, PartialState(cpu=False) finds no backend, calls the state "not distributed" and gives every
     # rank process index 0, so every rank took itself for the main one and wrote and evaluated as such
     cpu = not torch.cuda.is_available() or parse_flag_from_env("ACCELERATE_USE_CPU")
-    return PartialState(cpu=cpu).is_main_process
+    return PartialState(cpu=cpu)
+
+
+def _is_main_process() -> bool:
+    return _partial_state().is_main_process
+
+
+def shared_retriever(passages, index: IndexConfig, folder: Path):
+    """An in-process index built once per launch: alone, built here; under ``accelerate launch`` the main process
+    builds it into ``folder`` (embedding the corpus on its device) while the others wait, then every process loads
+    it, no passage embedded twice. Before, each of 7 ranks encoded the corpus itself on the same CPU cores."""
+    if world_size_from_env() <= 1:
+        return build_retriever(passages, index)
+    state = _partial_state()
+    if state.is_main_process and not (folder / "manifest.json").is_file():
+        save_retriever(build_retriever(passages, index), folder)
+    state.wait_for_everyone()
+    return load_retriever(folder, passages=passages, index_config=index)
 
 
 def _write_atomic(path: Path, text: str) -> None:

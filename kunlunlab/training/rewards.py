@@ -31,38 +31,47 @@ import re
 from dataclasses import dataclass, field
 
 from kunlunlab.agent.protocol import ANSWER_TAGS, final_answer_block, parse_turn
+from kunlunlab.configs import choice, non_negative, positive, probability
 from kunlunlab.eval.metrics import EXTRA_SEARCHES, exact_match, extra_searches, f1, fact_coverage, recall_by_search
+from kunlunlab.training.peer_rewards import peer_reward_functions
 
 _RESULT_BLOCK = re.compile(r"<result>.*?(?:</result>|$)", re.S)
 
 
 BUDGET_EXTRA = EXTRA_SEARCHES  # RewardConfig.budget_extra: which searches the budget term charges
+REWARD_KINDS = ("kunlun", "search_r1", "research", "r1_searcher", "r1_searcher_stage1", "r1_searcher_stage2")
 
 
 @dataclass
 class RewardConfig:
-    w_format: float = 0.2
-    w_length: float = 0.1
-    w_accuracy: float = 1.0
-    w_structure: float = 0.2
-    accuracy: str = "em"             # "em" or "f1" against the gold aliases
-    short_target_words: int = 6      # a short answer of up to this many words gets full length credit
-    long_min_words: int = 15         # a long answer's summary should fall inside [min, max] words
-    long_max_words: int = 120
-    overlong_max_tokens: int = 512   # DAPO soft overlong punishment: model tokens allowed ...
-    overlong_buffer: int = 128       # ... with a linear penalty over the last `buffer` of them
+    w_format: float = non_negative(0.2)
+    w_length: float = non_negative(0.1)
+    w_accuracy: float = non_negative(1.0)
+    w_structure: float = non_negative(0.2)
+    accuracy: str = choice("em", ("em", "f1"))  # "em" or "f1" against the gold aliases
+    short_target_words: int = positive(6)  # a short answer of up to this many words gets full length credit
+    long_min_words: int = positive(15)  # a long answer's summary should fall inside [min, max] words
+    long_max_words: int = positive(120)
+    overlong_max_tokens: int = positive(512)  # DAPO soft overlong punishment: model tokens allowed ...
+    overlong_buffer: int = non_negative(128)  # ... with a linear penalty over the last `buffer` of them
     # False: the "R_short only" training ablation — every answer is scored by eq. 17, whatever tag it uses
     # (the long mode's summary length and structure terms of eq. 18 are not applied)
     dual_mode: bool = True
     # FrugalRAG's search budget (arXiv 2507.07634), see budget_score: 0 leaves it out of the reward
-    w_budget: float = 0.0
-    budget_penalty: float = 0.25     # per extra search
+    w_budget: float = non_negative(0.0)
+    budget_penalty: float = non_negative(0.25)  # per extra search
     # which searches are extra: "past_stop" (FrugalRAG's: after the optimal stop) or "redundant" (every
     # search that retrieved no gold evidence the trajectory did not already have); see budget_score
-    budget_extra: str = "past_stop"
+    budget_extra: str = choice("past_stop", BUDGET_EXTRA)
     # True: quoted evidence the agent was never shown counts as missing evidence in the budget term (see
     # budget_score and kunlunlab.agent.grounding), so a search skipped by quoting an unseen sentence is not paid
     budget_grounded: bool = False
+    # Which reward the RL stage optimises: "kunlun", the dual-mode reward above (eqs. 17-18), or a peer's own
+    # (kunlunlab.training.peer_rewards): "search_r1" (exact match), "research" (F1 with a format check),
+    # "r1_searcher" (its two stages: stage 1 for the first stage1_share of the steps, then stage 2), or one stage alone
+    kind: str = choice("kunlun", REWARD_KINDS)
+    stage1_share: float = probability(0.5)  # kind "r1_searcher": the share of the RL steps under stage 1's reward
+    overlong_shaping: bool = True    # DAPO's soft overlong punishment (overlong_max_tokens, overlong_buffer) on or off
 
     def __post_init__(self):
         if self.accuracy not in ("em", "f1"):
@@ -75,7 +84,9 @@ class RewardConfig:
     @property
     def weights(self) -> list[float]:
         """In the order of :func:`reward_functions` (the budget term only when ``w_budget`` is set)."""
-        base = [self.w_format, self.w_length, self.w_accuracy, self.w_structure, 1.0]
+        if self.kind != "kunlun":  # a peer's reward alone (weight 1), then the overlong shaping when on
+            return [1.0, 1.0] if self.overlong_shaping else [1.0]
+        base = [self.w_format, self.w_length, self.w_accuracy, self.w_structure, 1.0 if self.overlong_shaping else 0.0]
         return base + [self.w_budget] if self.w_budget else base
 
 
@@ -305,8 +316,27 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
     def budget_reward(prompts, completions, budget=None, **kw):  # the rollout's budget_score per trajectory
         return list(budget) if budget is not None else [None] * len(completions)
 
+    if cfg.kind != "kunlun":  # a peer's own reward (the overlong shaping after it, when on)
+        return peer_rewards(cfg) + ([overlong_reward] if cfg.overlong_shaping else [])
     functions = [format_reward, length_reward, accuracy_reward, structure_reward, overlong_reward]
     return functions + [budget_reward] if cfg.w_budget else functions
+
+
+def peer_rewards(cfg: RewardConfig) -> list:
+    """The peer reward of ``cfg.kind`` as one TRL reward function. ``r1_searcher``: R1-Searcher's two stages in one RL
+    stage, stage 1 (retrieval invocation and format) for the first ``stage1_share`` of the steps, stage 2 (answer F1
+    and format) after, read off TRL's ``trainer_state`` (R1-Searcher runs them as two trainings; one stage here keeps
+    the step budget the other recipes get)."""
+    if cfg.kind != "r1_searcher":
+        return peer_reward_functions(cfg.kind)
+    (stage1,), (stage2,) = peer_reward_functions("r1_searcher_stage1"), peer_reward_functions("r1_searcher_stage2")
+
+    def r1_searcher_reward(prompts, completions, trainer_state=None, **kw):
+        in_stage2 = trainer_state is not None and trainer_state.max_steps > 0 and \
+            trainer_state.global_step >= cfg.stage1_share * trainer_state.max_steps
+        return (stage2 if in_stage2 else stage1)(prompts, completions, **kw)
+
+    return [r1_searcher_reward]
 
 
 def format_compliant(record: ParseRecord) -> bool:

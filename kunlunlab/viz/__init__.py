@@ -11,7 +11,7 @@ pio.renderers.default = "plotly_mimetype+notebook"
 from kunlunlab.viz.agent_views import method_bars, render_trajectory, results_table, stie_heatmaps, table_html
 from kunlunlab.viz.figures import memory_figure, pareto_figure, recall_latency_figure, save_figure
 from kunlunlab.viz.trajectory_browser import TrajectoryBrowser, record_html, trajectories_html, trajectory_browser
-from kunlunlab.viz.training_views import (before_after_figure, before_after_html, config_table_html, data_figure, sft_loss_figure, reward_components_figure, reward_table_html,
+from kunlunlab.viz.training_views import (before_after_figure, clip_ratio_figure, before_after_html, config_table_html, data_figure, sft_loss_figure, reward_components_figure, reward_table_html,
                                           schedule_figure, training_curves)
 
 __all__ = ["before_after_figure", "before_after_html", "config_table_html", "data_figure", "sft_loss_figure", "memory_figure", "method_bars", "pareto_figure", "recall_latency_figure",

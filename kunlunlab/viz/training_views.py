@@ -131,6 +131,20 @@ def sft_loss_figure(sft_log: Sequence[dict]) -> go.Figure:
     return fig
 
 
+def clip_ratio_figure(clip: dict[str, Sequence[dict]]) -> go.Figure:
+    """The share of tokens whose importance ratio was clipped, per RL step and arm (TRL's ``clip_ratio/high_mean``
+    above 1 + ε_high, ``clip_ratio/low_mean`` below 1 − ε): where clip-higher binds and where it does not."""
+    fig = go.Figure()
+    for name, rows in clip.items():
+        for key, dash in (("clip_ratio/high_mean", "solid"), ("clip_ratio/low_mean", "dot")):
+            points = [r for r in rows if r.get(key) is not None]
+            fig.add_trace(go.Scatter(x=[r["step"] for r in points], y=[r[key] for r in points], mode="lines+markers",
+                                     line={"dash": dash}, name=f"{name}: {key.split('/')[1].split('_')[0]}"))
+    fig.update_layout(title="Clipped tokens per RL step (above: clip-higher's bound, below: the low bound)",
+                      xaxis_title="step", yaxis_title="share of tokens", template="plotly_white", height=350)
+    return fig
+
+
 BEFORE_AFTER_ROWS = (("EM", "em"), ("F1", "f1"), ("format compliance", "format_compliance"),
                      ("searches / question", "searches"), ("long answers %", "long_share"))
 SUMMARY_ROWS = (("summary questions: EM of the boxed link", "em"), ("summary questions: fact coverage %", "fact_coverage"),

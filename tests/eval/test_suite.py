@@ -65,16 +65,39 @@ def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
     tables = suite_tables(result, cfg)
     assert list(tables) == [TABLE2_TITLE, ablation_title("world")] == ["Table 2 (EM / LJ %)", "Ablations on world"]
     header, rows = tables[TABLE2_TITLE]
-    assert header == ["method", "world EM", "world LJ", "bamboogle EM", "bamboogle LJ"]
-    assert rows[:3] == [["naive_rag", 25.0, "–", 0.0, "–"], ["ircot", 50.0, "–", 0.0, "–"],
-                        ["kunlun", 75.0, "–", 50.0, "–"]]
-    assert rows[3][1].startswith("+25.0 [") and rows[3][1].endswith("n=4") and rows[3][2] == "vs ircot"
+    # every row names its model; bamboogle is searched in a corpus that lacks most of its evidence and says so
+    lacks = "bamboogle (corpus lacks most evidence)"
+    assert header == ["method", "model", "world EM", "world LJ", f"{lacks} EM", f"{lacks} LJ"]
+    embedded = "SmolLM2-135M-Instruct (embedded)"  # no checkpoint: every row on the embedded model
+    assert rows[:3] == [["naive_rag", embedded, 25.0, "–", 0.0, "–"], ["ircot", embedded, 50.0, "–", 0.0, "–"],
+                        ["kunlun", embedded, 75.0, "–", 50.0, "–"]]
+    assert rows[3][2].startswith("+25.0 [") and rows[3][2].endswith("n=4") and rows[3][3] == "vs ircot"
     _, ablation_rows = tables[ablation_title("world")]
     assert [row[0] for row in ablation_rows] == ["kunlun", "−STIE"]
     assert ablation_rows[1][:5] == ["−STIE", 4, 50.0, 50.0, 2.0]
     # only question 0 differs (1 -> 0): Δ = -25 points, and no resample can rise above 0
     assert ablation_rows[1][5].startswith("-25.0 [") and ablation_rows[1][5].endswith(", +0.0]")
     assert ablation_rows[1][6] == "no measurable effect at this scale"
+
+
+def test_each_row_runs_on_its_own_model(tmp_path):
+    """Table 2 as the paper builds it: the prompt baselines on the backbone the checkpoint was trained from (the
+    embedded instruct model unless the training config names one), a peer's recipe on its own checkpoint, the
+    method on its checkpoint; "checkpoint" puts the baselines back on the trained model."""
+    from kunlunlab.studies.suite import SuiteConfig, peer_rows, row_models
+
+    cfg = SuiteConfig(model="runs/k/dapo/final", baselines=("naive_rag", "ircot"),
+                      models={"search_r1": "runs/sr1/dapo/final", "ircot": "Qwen/Qwen2.5-7B-Instruct"})
+    assert row_models(cfg) == {"naive_rag": None, "ircot": "Qwen/Qwen2.5-7B-Instruct",
+                               "search_r1": "runs/sr1/dapo/final", "kunlun": "runs/k/dapo/final"}
+    assert peer_rows(cfg) == ["search_r1"]
+    config = tmp_path / "train.json"
+    config.write_text('{"model": "/models/base"}')
+    assert row_models(SuiteConfig(model="m", train_config=str(config), baselines=("naive_gen",)))["naive_gen"] == \
+        "/models/base"
+    assert row_models(SuiteConfig(model="m", baseline_model="checkpoint", baselines=("naive_gen",)))["naive_gen"] == "m"
+    with pytest.raises(ValueError, match="unknown methods"):
+        SuiteConfig(models={"nope": "x"})
 
 
 def test_the_benchmarks_search_the_service_and_the_world_its_own_index(tmp_path, data_dir, backend):
