@@ -177,7 +177,7 @@ def run_notebook(path: Path, run_dir: Path, smoke: bool = False, extra: dict | N
 # A parameter whose default is None says nothing of its type: a string (a path, a model, a URL) unless named here.
 NONE_DEFAULT_TYPES: dict[str, object] = {"dapo_learning_rate": float | None}
 # The parameters the runner itself passes (the run folder, smoke sizes) or hands from notebook 04 to the later ones.
-RUNNER_PARAMETERS = ("run_dir", "smoke", "model", "ref_run")
+RUNNER_PARAMETERS = ("run_dir", "smoke", "model", "ref_run", "baseline_records")
 # Notebooks whose ``config`` parameter is a training config and this parameter its overrides: checked as a
 # TrainConfig before the run, so a typo in a key or a value fails here, not in the notebook's first cell.
 TRAIN_OVERRIDE_PARAMETERS = {"02_data_mixing": "overrides", "04_training": "overrides",
@@ -281,6 +281,8 @@ def markdown_table(header: list, rows: list[list]) -> list[str]:
 TRAINING_NOTEBOOK = "04_training"
 USES_TRAINED_MODEL = ("05_stie_tuning", "06_evaluation")   # get notebook 04's final model as `model`
 USES_TRAINING_RUN = ("07_process_rewards",)                # get notebook 04's run folder as `ref_run`
+EVALUATION_NOTEBOOK = "06_evaluation"
+USES_BASELINE_RECORDS = ("08_peers",)   # get notebook 06's records folder: its prompt baselines on the base model
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -340,6 +342,10 @@ def _run_series(series: list[Path], run_dir: Path, smoke: bool, params: dict[str
         if trained is not None and path.stem in USES_TRAINING_RUN and "ref_run" not in extra:
             extra["ref_run"] = str(run_dir / TRAINING_NOTEBOOK)
             print(f"[run] {path.name}: ref_run = {extra['ref_run']}", flush=True)
+        evaluated = run_dir / EVALUATION_NOTEBOOK / "records"
+        if path.stem in USES_BASELINE_RECORDS and "baseline_records" not in extra and evaluated.is_dir():
+            extra["baseline_records"] = str(evaluated)
+            print(f"[run] {path.name}: baseline_records = {evaluated}", flush=True)
         record = run_notebook(path, run_dir, smoke=smoke, extra=extra, progress=progress)
         if path.stem == TRAINING_NOTEBOOK and record["ok"]:
             trained = trained_model(run_dir / path.stem)

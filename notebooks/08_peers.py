@@ -33,6 +33,8 @@ config = "experiments/configs/training/train_embedded_cpu.json"   # the kunlun r
 peers = ["search_r1", "research", "r1_searcher"]   # recipes experiments/configs/training/peers/<name>.json
 grpo = True               # the kunlun recipe with GRPO in place of DAPO, from the kunlun arm's SFT checkpoint
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
+baseline_records = None   # a folder of world.<baseline>.jsonl records of them on the base model (make run passes
+                          # notebook 06's): used where they answered exactly the arms' held-out questions
 budget = {"mixing.epochs": 2, "mixing.turning_epoch": 1, "mixing.samples_per_epoch": 16,
           "mixing.first_turn_samples": 8, "dapo.steps": 2, "dapo.updates_per_generation": 2,
           "dapo.learning_rate": 2e-05, "eval.world_questions": 20, "eval.hotpot_questions": 0,
@@ -57,8 +59,8 @@ from kunlunlab.training.pipeline import agent_settings, run_config, train
 from kunlunlab.training.records import compare_runs, heldout_records, training_logs
 from kunlunlab.viz import clip_ratio_figure, save_figure, table_html
 
-if smoke:  # the test suite's run: one peer, one baseline, the smoke sizes (run_config's)
-    peers, baselines = peers[:1], baselines[:2]
+if smoke:  # the test suite's run: the kunlun arms and two baselines at run_config's smoke sizes (each peer recipe
+    peers, baselines = [], baselines[:2]   # trains at smoke size in tests/training/test_peer_recipes.py)
 GRPO = {"dapo.loss_type": "grpo", "dapo.epsilon_high": 0.2, "dapo.dynamic_sampling": False,
         "rewards.overlong_shaping": False, "dapo.beta": 0.001}
 run_dir = notebook_run_dir(run_dir, "08_peers")
@@ -109,10 +111,18 @@ kunlun_cfg = run_config(config, shared, smoke=smoke)
 held = load_splits(kunlun_cfg.splits())
 base_model = kunlun_cfg.model   # None: the embedded SmolLM2-135M-Instruct
 records = {"world": {}}
-if baselines:
+heldout_ids = [ex.id for ex in held.heldout]
+for method in list(baselines) if baseline_records else []:
+    kept = Path(baseline_records) / f"world.{method}.jsonl"
+    rows = read_jsonl(kept) if kept.is_file() else []
+    if [r["id"] for r in rows] == heldout_ids:  # the same questions, the same base model: reused, not rerun
+        records["world"][method] = rows
+        print(f"{method}: {len(rows)} records of {kept}")
+to_run = [m for m in baselines if m not in records["world"]]
+if to_run:
     backend = TransformersBackend(base_model, device=device)
     settings = agent_settings(kunlun_cfg)   # the arms' budgets, top-k and index, as their evaluations ran
-    for method in baselines:
+    for method in to_run:
         eval_cfg = apply_agent_settings(EvalConfig(dataset="world", limit=len(held.heldout), judge=None,
                                                    index_kind=kunlun_cfg.index_kind, embedder=kunlun_cfg.embedder,
                                                    batch_size=kunlun_cfg.eval.batch_size, seed=kunlun_cfg.world_seed),

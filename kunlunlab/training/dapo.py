@@ -196,6 +196,20 @@ class SearchRollout:
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards, self.facts.get(q))
                 for q, t in zip(questions, trajs)]
 
+    def _peer_rewards(self, questions: list[str], trajs: list[Trajectory], records, trainer) -> list[float]:
+        """Each trajectory's total of the peer reward functions TRL optimises, weighted as TRL weighs them, on the
+        completion TRL decodes (the assistant prefix is part of the prompt)."""
+        prefix = self._prefix()
+        completions = [t.text[len(prefix):] if t.text.startswith(prefix) else t.text for t in trajs]
+        columns = {"answers": [list(self.answers.get(q, [])) for q in questions], "finish": [t.finish for t in trajs],
+                   "parse": [asdict(r) for r in records], "trainer_state": getattr(trainer, "state", None)}
+        totals = [0.0] * len(trajs)
+        for weight, function in zip(self.rewards.weights, reward_functions(self.rewards)):
+            for i, value in enumerate(function([None] * len(trajs), completions, **columns)):
+                if value is not None:
+                    totals[i] += weight * value
+        return totals
+
     def _format_ok(self, record, t: Trajectory) -> bool:
         return format_compliant(record) if self.protocol.name == "search_think" else self.protocol.format_ok(t.text)
 
@@ -280,8 +294,11 @@ class SearchRollout:
         # the final trajectories (refills included), parsed for the rewards, the log and TRL; _signals parsed
         # them once before for accuracy (one regex pass each, negligible next to generation)
         records = [self._record(t) for t in trajs]
-        rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b, facts=self.facts.get(q)).total
-                   for q, r, b in zip(questions, records, budgets)]
+        if self.rewards.kind == "kunlun":
+            rewards = [score(r, self.answers.get(q, []), self.rewards, budget=b, facts=self.facts.get(q)).total
+                       for q, r, b in zip(questions, records, budgets)]
+        else:  # a peer's reward, as TRL computes it from the same functions (the log's "reward")
+            rewards = self._peer_rewards(questions, trajs, records, trainer)
         model.train(was_training)
 
         eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -87,6 +87,7 @@ def _stand_in(name: str, tokenizer, seen: list) -> FastAPI:
     return app
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TURNS))
 def test_kunlunlab_eval_runs_a_served_peer_checkpoint_in_its_protocol(name, tokenizer, tmp_path, capsys):
     seen: list = []

@@ -67,6 +67,29 @@ def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks
     assert got["07_process_rewards"]["ref_run"] == str(tmp_path / "run" / "04_training")
 
 
+def test_the_evaluation_notebook_hands_its_baseline_records_to_the_peers_notebook(tmp_path, monkeypatch):
+    """06's records folder (the prompt baselines on the base model) reaches 08 as ``baseline_records``, which 08 reuses
+    where they answered its arms' held-out questions instead of evaluating the baselines again."""
+    def write(name, body, params):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
+        nb.cells[0].metadata["tags"] = ["parameters"]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
+
+    (tmp_path / "nbs").mkdir()
+    write("06_evaluation", "from pathlib import Path\n(Path(run_dir) / 'records').mkdir(parents=True)",
+          "run_dir = None\nsmoke = False")
+    write("08_peers", "import json\nfrom pathlib import Path\n"
+                      "(Path(run_dir) / 'metrics.json').write_text(json.dumps({'baseline_records': baseline_records}))",
+          "run_dir = None\nsmoke = False\nbaseline_records = None")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path / "nbs")
+    summary = runner.run_notebooks(out_dir=tmp_path / "run", smoke=True)
+    assert summary["ok"], summary
+    got = {r["notebook"]: r["metrics"] for r in summary["notebooks"] if r["metrics"]}
+    assert got["08_peers"] == {"baseline_records": str(tmp_path / "run" / "06_evaluation" / "records")}
+
+
 def test_a_relative_run_folder_is_the_callers_not_the_notebooks(tmp_path, monkeypatch):
     """The notebooks execute in notebooks/; a relative ``--out`` is resolved where the command was given."""
     nb = nbformat.v4.new_notebook()

@@ -108,3 +108,21 @@ def test_each_peer_recipe_loads_with_its_protocol_reward_and_algorithm(name):
         (base.dapo.steps, base.dapo.prompts_per_step, base.dapo.num_generations, base.dapo.learning_rate)
     assert dataclasses.asdict(cfg.sft) == dataclasses.asdict(base.sft)
     assert cfg.mixing.samples_per_epoch == base.mixing.samples_per_epoch
+
+
+@pytest.mark.parametrize("kind, right", [
+    ("search_r1", "<think>x</think>\n<answer> Paris </answer>"),
+    ("research", "<think> x </think> <answer> The final answer is \\[ \\boxed{Paris} \\] </answer><|im_end|>")])
+def test_the_rollout_log_reports_the_peer_reward_trl_optimises(kind, right):
+    """``dapo_rollouts.jsonl``'s reward of a peer's recipe is its own reward (it was the dual-mode one, 0 for every
+    peer trajectory, while TRL optimised the peer's)."""
+    from kunlunlab.agent.rollout import RolloutConfig, Trajectory
+    from kunlunlab.training.dapo import SearchRollout
+
+    rollout = SearchRollout(None, None, {"Q?": ["Paris"]}, RolloutConfig(), DAPOStageConfig(),
+                            RewardConfig(kind=kind, overlong_shaping=False), protocol=kind)
+    trajs = [Trajectory("Q?", [], steps=[{"kind": "model", "text": text}], finish="answer")
+             for text in (right, right.replace("Paris", "Rome"))]
+    state = SimpleNamespace(state=SimpleNamespace(global_step=0, max_steps=4))
+    rewards = rollout._peer_rewards(["Q?", "Q?"], trajs, [rollout._record(t) for t in trajs], state)
+    assert rewards[0] == 1.0 and rewards[1] == (0.1 if kind == "research" else 0.0)  # ReSearch: 0.1 if well formed

@@ -1,0 +1,83 @@
+"""Table 2 against the peers from kept records (issue 43; docs/results.md, "Table 2 against the peers"): each trained
+arm's evaluation after training (``<arm>/eval_after_{world,hotpot}.jsonl``) and the prompt baselines of the suite on
+the untrained backbone (``suite/records/<dataset>.<method>.jsonl``), paired by question id; then the kunlun recipe
+with DAPO against GRPO, with the clip ratios TRL logged at every RL step. The folder is a runs folder of
+``experiments/scripts/table2_run.sh`` (``table2.<arm>``, ``table2.suite``) or the kept ``experiments/results/table2``
+(``<arm>``, ``suite``). Prints the tables as markdown, then one JSON line.
+
+    python experiments/scripts/table2_report.py experiments/results/table2
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from kunlunlab.eval.compare import table2
+from kunlunlab.paths import jsonl_path, read_jsonl
+from kunlunlab.runner import markdown_table
+from kunlunlab.training.records import compare_runs, training_logs
+
+ARMS = ("search_r1", "research", "r1_searcher", "kunlun_grpo", "kunlun")  # Table 2's rows (kunlun last)
+BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
+FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl"}
+
+
+def folder_of(root: Path, name: str) -> Path:
+    return root / name if (root / name).is_dir() else root / f"table2.{name}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        raise SystemExit("usage: table2_report.py RUNS_OR_KEPT_FOLDER")
+    root = Path(argv[0])
+    records: dict[str, dict[str, list[dict]]] = {}
+    for dataset, name in FILES.items():
+        per_method = records.setdefault(dataset, {})
+        suite = folder_of(root, "suite") / "records"
+        for method in BASELINES:
+            path = jsonl_path(suite / f"{dataset}.{method}.jsonl")
+            if path.is_file():
+                per_method[method] = read_jsonl(path)
+        for arm in ARMS:
+            path = jsonl_path(folder_of(root, arm) / name)
+            if path.is_file():
+                per_method[arm] = read_jsonl(path)
+    baselines = [b for b in BASELINES if b in records["world"]]
+    peers = [a for a in ARMS[:-1] if a in records["world"]]
+    models = {**{b: "SmolLM2-135M-Instruct (untrained)" for b in baselines},
+              **{a: f"{a}/dapo/final" for a in (*peers, "kunlun")}}
+    header, rows = table2(records, "kunlun", baselines, n_resamples=10_000, peers=peers, models=models)
+    print("## Table 2 (EM %)\n")
+    print("\n".join(markdown_table(header, rows)))
+    out = {"table2": {"header": header, "rows": rows}}
+    # the kunlun recipe with DAPO against GRPO: at Table 2's setting (2 updates per rollout batch, lr 2e-5) and where
+    # clip-higher can bind (4 updates per rollout batch, lr 1e-4), each pair from the same SFT checkpoint
+    pairs = {"table 2's setting": ("kunlun", "kunlun_grpo"), "4 updates per batch, lr 1e-4": ("kunlun_dapo_u4",
+                                                                                             "kunlun_grpo_u4")}
+    clip = {}
+    for setting, (dapo, grpo) in pairs.items():
+        if not all(jsonl_path(folder_of(root, arm) / FILES["world"]).is_file() for arm in (dapo, grpo)):
+            continue
+        runs = {f"DAPO ({dapo})": folder_of(root, dapo), f"GRPO ({grpo})": folder_of(root, grpo)}
+        for dataset in FILES:
+            h, r = compare_runs(runs, f"DAPO ({dapo})", dataset, n_resamples=10_000, seed=0)
+            print(f"\n## DAPO vs GRPO, {setting} ({dataset})\n")
+            print("\n".join(markdown_table(h, r)))
+            out[f"dapo_vs_grpo {setting} {dataset}"] = {"header": h, "rows": r}
+        for label, folder in runs.items():
+            steps = [row for row in training_logs(folder)["dapo"] if "loss" in row]
+            clip[label] = [{k: row.get(k) for k in ("step", "clip_ratio/high_mean", "clip_ratio/low_mean",
+                                                     "clip_ratio/region_mean")} for row in steps]
+    if clip:
+        print("\n## Clip ratio per RL step\n")
+        print("\n".join(markdown_table(["arm", "step", "high (above 1 + ε_high)", "low (below 1 − ε)", "region"],
+                                       [[label, c["step"], c["clip_ratio/high_mean"], c["clip_ratio/low_mean"],
+                                         c["clip_ratio/region_mean"]] for label, cs in clip.items() for c in cs])))
+        out["clip_ratio"] = clip
+    print(json.dumps(out, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
