@@ -607,7 +607,7 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     if examples is None:
         examples, default = load_examples(config)
         passages = passages if passages is not None else resolve_corpus(config, examples, default)
-    elif passages is None:
+    elif passages is None and retriever is None:  # an opened retriever brings its own corpus
         passages = resolve_corpus(config, examples)
     method, retriever, backend = build_pipeline(config, passages, backend, retriever)
     titles = passage_titles(retriever)

@@ -208,7 +208,7 @@ def test_eval_config_takes_the_service_or_the_saved_index_and_not_both(service, 
 
 
 @pytest.mark.slow
-def test_eval_with_the_service_down_is_one_line_and_a_failing_exit():
+def test_eval_with_the_service_down_is_one_line_and_a_failing_exit(data_dir):  # HotpotQA's questions
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     run = subprocess.run([sys.executable, "-m", "kunlunlab.cli", "eval", "--dataset", "hotpotqa_distractor",
                           "--method", "naive_rag", "--limit", "1", "--retriever-url", url],
@@ -219,7 +219,7 @@ def test_eval_with_the_service_down_is_one_line_and_a_failing_exit():
     assert lines[0].startswith(f"kunlunlab eval: retrieval service at {url} is unavailable after 3 attempts")
 
 
-def test_eval_against_a_service_answering_500_stops_with_one_line(tmp_path, capsys):
+def test_eval_against_a_service_answering_500_stops_with_one_line(data_dir, tmp_path, capsys):
     app, calls = app_answering(lambda b: JSONResponse({"detail": "index on fire"}, status_code=500))
     out = tmp_path / "records.jsonl"
     with ServiceThread(app=app) as url:
