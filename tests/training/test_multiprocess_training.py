@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kunlunlab.data.splits import world_questions
+from kunlunlab.paths import cache_dir
 from kunlunlab.training.pipeline import run_config
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -62,19 +63,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict:
+def _env(cache: Path | None = None) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES="", TRL_EXPERIMENTAL_SILENCE="1",
                KUNLUNLAB_TEST_GENERATION_SERVER="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    if cache is not None:
+        env["KUNLUNLAB_CACHE"] = str(cache)
     return env
 
 
-def _run(cmd: list[str], what: str) -> tuple[float, str]:
+def _cache_without_embeddings(folder: Path) -> Path:
+    """A cache folder sharing the converted models of this process's cache but no corpus embeddings: a corpus an
+    earlier test embedded would otherwise be read from the cache, and no rank would embed it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in ("models", "onnx"):
+        (cache_dir() / part).mkdir(parents=True, exist_ok=True)
+        (folder / part).symlink_to(cache_dir() / part, target_is_directory=True)
+    return folder
+
+
+def _run(cmd: list[str], what: str, cache: Path | None = None) -> tuple[float, str]:
     """Runs ``cmd`` (one thread per process, whatever else the machine runs): (seconds, output); fails with
     the output's tail."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=RUN_TIMEOUT)
@@ -136,7 +149,8 @@ def runs(module_scratch, generation_server):
     multi = module_scratch("multi")
     # the server has converted the embedded model into the cache already (two ranks converting it at the same
     # time would race on the cache folder)
-    launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi, server)], "accelerate launch")
+    cache = _cache_without_embeddings(module_scratch("cache"))
+    launched, out = _run(_launch_args() + [str(SCRIPT), *_train_args(multi, server)], "accelerate launch", cache)
     return {"cfg": run_config(None, OVERRIDES, smoke=True), "multi": multi, "out": out, "seconds": launched,
             "server": server, "server_log": log}
 
