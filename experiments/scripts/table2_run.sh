@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Issue 43's measured run: Table 2 with the peers retrained here under one budget (docs/results.md, "Table 2 against
-# the peers"). Five training runs from SmolLM2-135M-Instruct, one config each (experiments/configs/runs/table2.*.json,
-# `kunlunlab rerun <name>`): kunlun (DAPO), kunlun_grpo (GRPO from kunlun's SFT checkpoint), search_r1, research,
-# r1_searcher; then `kunlunlab suite` for the prompt baselines on the untrained backbone, all on the same 100
-# held-out world and 20 HotpotQA questions; then Table 2 and the DAPO-GRPO pair from the records
-# (experiments/scripts/table2_report.py, JSON last). About 2 h on 2 cores.
+# the peers"). Training runs from SmolLM2-135M-Instruct, one config each (experiments/configs/runs/table2.*.json,
+# `kunlunlab rerun <name>`): kunlun (DAPO), search_r1, research, r1_searcher under the shared budget, and the DAPO-GRPO
+# pair where clip-higher can bind (kunlun_dapo_u4, kunlun_grpo_u4: the RL stage again from kunlun's SFT checkpoint at
+# 4 updates per rollout batch, lr 1e-4); then the prompt baselines on the untrained backbone
+# (experiments/scripts/table2_baselines.py), all on the same 100 held-out world questions (the arms also on 20
+# HotpotQA); then Table 2 and the DAPO-GRPO pair from the records (experiments/scripts/table2_report.py, JSON last).
+# About 3 h on 2 cores (run here as three lanes of one thread each).
 # Usage: bash experiments/scripts/table2_run.sh [RUNS_DIR]   (default runs/)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:-runs}
 BIN=${BIN:-.venv/bin}
-ARMS=(kunlun kunlun_grpo search_r1 research r1_searcher)
+# r1_searcher, the third peer, did not finish in the measured session (docs/results.md says so); a run config is
+# kept with its records only, so it is not listed until it has run:
+#   kunlunlab train --config experiments/configs/training/peers/r1_searcher.json --run-dir "$RUNS/table2.r1_searcher" \
+#     --set dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100 \
+#     eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0
+ARMS=(kunlun search_r1 research kunlun_dapo_u4 kunlun_grpo_u4)
 for arm in "${ARMS[@]}"; do
   "$BIN/kunlunlab" rerun "table2.$arm" --runs-dir "$RUNS"
 done
-if [ "${TABLE2_SUITE:-1}" = 1 ]; then
-  # the prompt baselines on the untrained backbone (the suite's default for them), kunlun on its checkpoint again:
-  # the same 100 world and 20 HotpotQA held-out questions, budgets and retrieval of the checkpoint's agent settings
-  "$BIN/kunlunlab" suite --model "$RUNS/table2.kunlun/dapo/final" --train-config "$RUNS/table2.kunlun/train_config.json" \
-    --out "$RUNS/table2.suite" --set 'datasets=["world","hotpotqa_distractor"]' world_questions=100 hotpot_questions=20 \
-    'ablations=[]' nlr=false
-fi
+# the prompt baselines on the untrained backbone, on the kunlun arm's held-out world questions and agent settings
+"$BIN/python" experiments/scripts/table2_baselines.py "$RUNS/table2.kunlun/train_config.json" "$RUNS/table2.suite"
 "$BIN/python" experiments/scripts/table2_report.py "$RUNS"
