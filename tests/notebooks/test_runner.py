@@ -43,14 +43,19 @@ def test_experiment_configs_name_real_notebooks_and_bad_files_are_clear(tmp_path
         runner.load_params(bad)
 
 
+def _write_notebook(folder, name: str, body: str, params: str) -> None:
+    """A two-cell notebook: a tagged parameters cell, then ``body``."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
 def test_training_notebook_hands_its_model_and_run_folder_to_the_later_notebooks(tmp_path, monkeypatch):
     """After 04 trains, 05/06 get its final model as ``model`` and 07 its run folder as ``ref_run``."""
     def write(name, body, params="run_dir = None\nsmoke = False\nmodel = None\nref_run = None"):
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
-        nb.cells[0].metadata["tags"] = ["parameters"]
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
+        _write_notebook(tmp_path / "nbs", name, body, params)
 
     (tmp_path / "nbs").mkdir()
     write("04_training", "from pathlib import Path\nfinal = Path(run_dir) / 'dapo' / 'final'\n"
@@ -71,11 +76,7 @@ def test_the_evaluation_notebook_hands_its_baseline_records_to_the_peers_noteboo
     """06's records folder (the prompt baselines on the base model) reaches 08 as ``baseline_records``, which 08 reuses
     where they answered its arms' held-out questions instead of evaluating the baselines again."""
     def write(name, body, params):
-        nb = nbformat.v4.new_notebook()
-        nb.cells = [nbformat.v4.new_code_cell(params), nbformat.v4.new_code_cell(body)]
-        nb.cells[0].metadata["tags"] = ["parameters"]
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nbformat.write(nb, tmp_path / "nbs" / f"{name}.ipynb")
+        _write_notebook(tmp_path / "nbs", name, body, params)
 
     (tmp_path / "nbs").mkdir()
     write("06_evaluation", "from pathlib import Path\n(Path(run_dir) / 'records').mkdir(parents=True)",
