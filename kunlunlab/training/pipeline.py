@@ -461,7 +461,10 @@ class TrainingRun:
         self._reset_peak()
         self.model.train()
         dataset = sft_dataset(self.tok, self.trajectories, cfg.sft.max_length, cfg.sft.batch_size, cfg.seed)
-        self.say(f"SFT on {len(dataset)} trajectories, {trainable / 1e6:.1f}M trainable parameters")
+        lora = cfg.lora
+        trained = (f"LoRA adapters r={lora.r} on {lora.target_modules}, base weights frozen" if lora.enabled
+                   else f"{trainable / 1e6:.1f}M trainable parameters")
+        self.say(f"SFT on {len(dataset)} trajectories, {trained}")
         self._finish_stage("sft", run_sft(self.model, self.tok, dataset, cfg.sft, self.run_dir / "sft", cfg.seed,
                                           callbacks=self.sft_callbacks, **self._trainer_options()), final, t0)
 
