@@ -352,8 +352,10 @@ def test_ctrl_c_during_a_real_training_run_is_one_line_and_resumes(tmp_path):
     import time
 
     run_dir = tmp_path / "run"
+    # SIGINT at its default: a suite started in the background hands its children SIGINT ignored
     proc = subprocess.Popen([*KUNLUNLAB, "train", "--smoke", "--run-dir", str(run_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while not (run_dir / "state.json").is_file() and time.time() < deadline:  # the work has started
         time.sleep(0.5)

@@ -1,6 +1,7 @@
 """`kunlunlab build-index`: bad corpora end in one line, and a preset's embedder prefixes reach the vectors, the
 manifest and the index that serving loads."""
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -190,8 +191,12 @@ def test_ctrl_c_during_a_build_is_one_line_and_leaves_nothing(tmp_path):
     import time
 
     out = tmp_path / "index"
+    # its own embedding cache (a cached corpus would be built before the signal arrives) and SIGINT at its default
+    # (a suite started in the background, e.g. `make test &`, hands its children SIGINT ignored)
+    env = {**os.environ, "KUNLUNLAB_CACHE": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "kunlunlab.cli", "build-index", "--n", "20000", "--kind", "flat",
-                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not _leftovers(tmp_path) and time.time() < deadline:  # the build folder exists: embedding has started
         time.sleep(0.2)
