@@ -3,10 +3,12 @@
 A randomly initialised model with Qwen2.5-7B's shape in bf16 (experiments/configs/gpu_check/qwen2.5-7b.json) and
 the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gpu_check.sh), part by part:
 
-1. ``generation``: the rollout engine's tokens/s against plain ``generate`` at batch 64 (greedy, same prompts), and
-   whether their greedy tokens agree (rows identical, mean shared prefix), beside the noise floor of ``generate``
-   itself (batch 64 against one row at a time, 4 rows): the check for an attention-kernel bug like the CPU one
-   docs/scaling.md describes;
+1. ``agreement_fp32`` (first: it is cheap), then ``generation``. ``agreement_fp32``: whether the rollout engine
+   gives ``generate``'s greedy tokens where bf16 noise cannot hide a difference (float32, a 0.5B-shape model,
+   prompts of different lengths, each row against ``generate`` on its prompt alone): the check for an
+   attention-kernel bug like the CPU one docs/scaling.md describes. ``generation``: the engine's tokens/s against
+   plain ``generate`` at batch 64 on the 7B shape (greedy, same prompts), with their greedy agreement beside the
+   floor of ``generate`` itself (batch 64 against one row at a time, 4 rows);
 2. ``lora_step``, ``full_step``: one LoRA and one full-parameter micro-batch step with gradient checkpointing (peak
    memory, tokens/s);
 3. ``dapo_step``: one DAPO update through TRL with LoRA, rollouts by the engine (8 prompts x 8 samples; retrieval is
@@ -56,7 +58,8 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "n
             "safetensors", "sentence-transformers", "faiss-cpu", "fastapi", "pydantic", "typing_extensions", "pandas",
             "pyarrow", "scikit-learn", "scipy", "setuptools", "vllm", "deepspeed")
 # seconds a part needs at least on the GPU (measured shapes; the budget skips what would not fit)
-NEEDS = {"generation": 60, "lora_step": 20, "dapo_step": 90, "full_step": 30, "exact_search": 45, "end_to_end": 120}
+NEEDS = {"generation": 60, "agreement_fp32": 40, "lora_step": 20, "dapo_step": 90, "full_step": 30, "exact_search": 45,
+         "end_to_end": 120}
 
 
 def _sync(device: str) -> None:
@@ -164,6 +167,58 @@ def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_to
             "greedy_shared_prefix": round(sum(prefix) / batch, 3),
             "generate_batch_vs_single_shared_prefix": round(sum(floor) / len(floor), 3),
             "peak_gb": _peak_gb(device)}
+
+
+def part_agreement_fp32(tok, device: str, tiny: bool) -> dict:
+    """Whether the rollout engine's attention path gives ``generate``'s greedy tokens, where bf16 noise cannot hide a
+    bug: a randomly initialised model of Qwen2.5-0.5B's architecture in float32 (TF32 off), prompts of different
+    lengths in one batch (so the engine pads, as a rollout does), each engine row against ``generate`` on that
+    prompt alone (no padding: the reference). ``generate`` on the same left-padded batch against the same reference
+    is reported beside it. The generation part's 7B bf16 run cannot answer this: on random weights its argmaxes
+    are near ties and ``generate`` disagrees with itself after 4.7 % of the tokens (H200, 2026-11-28)."""
+    from kunlunlab.agent.backends import generate_once
+    from kunlunlab.agent.transformers_backend import TransformersBackend
+
+    batch, new_tokens, lengths = (4, 8, (4, 8)) if tiny else (16, 64, (16, 160))
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(model_config(TINY if tiny else SMALL), dtype=torch.float32)
+        model.eval()
+        g = torch.Generator().manual_seed(2)
+        sizes = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g).tolist()
+        prompts = [torch.randint(100, len(tok) - 100, (n,), generator=g).tolist() for n in sizes]
+        backend = TransformersBackend(model=model, tokenizer=tok, dtype="float32")
+        engine_rows = [s.token_ids for s in generate_once(backend, prompts, new_tokens, stop=())]
+        width = max(sizes)
+        padded = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        with torch.no_grad():
+            batched = model.generate(padded, attention_mask=mask, max_new_tokens=new_tokens,
+                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+            batched_rows = batched[:, width:].tolist()
+            single_rows = []
+            for p in prompts:
+                row = torch.tensor([p], device=device)
+                out = model.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=new_tokens,
+                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+                single_rows.append(out[0, len(p):].tolist())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+    del model
+    _reset(device)
+
+    def agreement(rows):
+        return {"rows_identical": round(sum(r == s for r, s in zip(rows, single_rows)) / batch, 3),
+                "shared_prefix": round(sum(_shared_prefix(r, s) for r, s in zip(rows, single_rows))
+                                       / (batch * new_tokens), 3)}
+
+    return {"model": "random init, Qwen2 0.5B shape" if not tiny else "toy", "dtype": "float32", "batch": batch,
+            "prompt_tokens": [min(sizes), max(sizes)], "new_tokens": new_tokens,
+            "engine_vs_single_generate": agreement(engine_rows),
+            "padded_generate_vs_single_generate": agreement(batched_rows)}
 
 
 def _train_step(model, device: str, micro: int, seq: int, lora: bool) -> dict:
@@ -350,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for all parts (a part that would not "
                                                                    "fit is skipped and recorded)")
     ap.add_argument("--skip", nargs="*", default=[],
-                    help="parts to leave out: generation lora full dapo search e2e")
+                    help="parts to leave out: generation agreement lora full dapo search e2e")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     device = "cpu" if args.tiny else "cuda"
@@ -372,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     tok = tokenizer_from(args.tokenizer)
     sizes = {"generation": (2, 8, 8) if args.tiny else (64, 128, 256), "train": (2, 32) if args.tiny else (2, 4096),
              "full": (1, 32) if args.tiny else (1, 4096)}
-    skip = {"generation": "generation", "lora": "lora_step", "full": "full_step", "dapo": "dapo_step",
+    skip = {"generation": "generation", "agreement": "agreement_fp32", "lora": "lora_step", "full": "full_step",
+            "dapo": "dapo_step",
             "search": "exact_search", "e2e": "end_to_end"}
     skipped = {skip[s] for s in args.skip if s in skip}
     log = (out.parent / (out.stem + ".log")).open("w")
@@ -395,14 +451,16 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(report, indent=1))
         print(f"gpu_check: {name}: {json.dumps(report[name])[:400]}", flush=True)
 
-    model = build_model(args.tiny, device, dtype)
-    report["parameters"] = sum(p.numel() for p in model.parameters())
-    run_part("generation", lambda: part_generation(model, tok, device, *sizes["generation"]))
-    run_part("lora_step", lambda: part_lora_step(model, device, *sizes["train"]))
-    run_part("dapo_step", lambda: part_dapo_step(model, tok, device, args.tiny, work / "dapo_run"))
-    run_part("full_step", lambda: part_full_step(model, device, *sizes["full"]))
-    del model
-    _reset(device)
+    run_part("agreement_fp32", lambda: part_agreement_fp32(tok, device, args.tiny))
+    if not {"generation", "lora_step", "dapo_step", "full_step"} <= skipped:  # the parts on the 7B-shape model
+        model = build_model(args.tiny, device, dtype)
+        report["parameters"] = sum(p.numel() for p in model.parameters())
+        run_part("generation", lambda: part_generation(model, tok, device, *sizes["generation"]))
+        run_part("lora_step", lambda: part_lora_step(model, device, *sizes["train"]))
+        run_part("dapo_step", lambda: part_dapo_step(model, tok, device, args.tiny, work / "dapo_run"))
+        run_part("full_step", lambda: part_full_step(model, device, *sizes["full"]))
+        del model
+        _reset(device)
     shutil.rmtree(work / "dapo_run", ignore_errors=True)
     run_part("exact_search", lambda: part_exact_search(device, args.tiny, max(60.0, left())))
     run_part("end_to_end", lambda: part_end_to_end(tok, device, args.tiny, work, log, max(60.0, left())))

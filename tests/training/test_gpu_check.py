@@ -11,7 +11,7 @@ from kunlunlab.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow
 
-PARTS = ("generation", "lora_step", "dapo_step", "full_step", "exact_search", "end_to_end")
+PARTS = ("generation", "agreement_fp32", "lora_step", "dapo_step", "full_step", "exact_search", "end_to_end")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,13 @@ def test_generation_compares_the_engine_s_greedy_tokens_with_generate_s(check):
     # float32 on the CPU: the engine's greedy tokens are generate's, row for row
     assert gen["greedy_rows_identical"] == 1.0 and gen["greedy_shared_prefix"] == 1.0
     assert gen["generate_batch_vs_single_shared_prefix"] == 1.0
+
+
+def test_the_float32_agreement_pads_prompts_of_different_lengths_and_matches_generate_alone(check):
+    agree = check[1]["agreement_fp32"]
+    assert agree["dtype"] == "float32" and agree["prompt_tokens"][0] < agree["prompt_tokens"][1]
+    assert agree["engine_vs_single_generate"] == {"rows_identical": 1.0, "shared_prefix": 1.0}
+    assert agree["padded_generate_vs_single_generate"] == {"rows_identical": 1.0, "shared_prefix": 1.0}
 
 
 def test_training_parts_train_what_they_should(check):
