@@ -95,10 +95,19 @@ def model_config(overrides: dict):
     return AutoConfig.for_model(**{**data, **overrides})
 
 
-def build_model(tiny: bool, device: str, dtype: torch.dtype):
+def build_model(shape: dict, device: str, dtype: torch.dtype):
+    """A randomly initialised model of the 7B shape with ``shape``'s overrides (TINY, SMALL), seeded."""
     torch.manual_seed(0)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(model_config(TINY if tiny else {}), dtype=dtype)
+        return AutoModelForCausalLM.from_config(model_config(shape), dtype=dtype)
+
+
+def greedy_generate(model, tok, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int) -> list[list[int]]:
+    """``model.generate``'s greedy continuation of each row, exactly ``new_tokens`` long (the reference side of
+    the agreement figures)."""
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=tok.pad_token_id)
+    return out[:, ids.shape[1]:].tolist()
 
 
 def tokenizer_from(folder: str | None):
@@ -143,18 +152,16 @@ def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_to
     ids = torch.tensor(prompts, device=device)
 
     def plain(rows):
-        return model.generate(rows, attention_mask=torch.ones_like(rows), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        return greedy_generate(model, tok, rows, torch.ones_like(rows), new_tokens)
 
     with torch.no_grad():
         model.generate(ids[:2], max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
         _sync(device)
         t0 = time.perf_counter()
-        out = plain(ids)
+        plain_rows = plain(ids)
         _sync(device)
         plain_s = time.perf_counter() - t0
-        singles = [plain(ids[i:i + 1])[0, prompt_len:].tolist() for i in range(min(4, batch))]
-    plain_rows = out[:, prompt_len:].tolist()
+        singles = [plain(ids[i:i + 1])[0] for i in range(min(4, batch))]
     plain_tokens = len(plain_rows[0]) * batch
     engine_rows = [s.token_ids for s in segments]
     prefix = [_shared_prefix(e, p) / new_tokens for e, p in zip(engine_rows, plain_rows)]
@@ -183,9 +190,7 @@ def part_agreement_fp32(tok, device: str, tiny: bool) -> dict:
     matmul = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(model_config(TINY if tiny else SMALL), dtype=torch.float32)
+        model = build_model(TINY if tiny else SMALL, device, torch.float32)
         model.eval()
         g = torch.Generator().manual_seed(2)
         sizes = torch.randint(lengths[0], lengths[1] + 1, (batch,), generator=g).tolist()
@@ -196,15 +201,9 @@ def part_agreement_fp32(tok, device: str, tiny: bool) -> dict:
         padded = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         with torch.no_grad():
-            batched = model.generate(padded, attention_mask=mask, max_new_tokens=new_tokens,
-                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-            batched_rows = batched[:, width:].tolist()
-            single_rows = []
-            for p in prompts:
-                row = torch.tensor([p], device=device)
-                out = model.generate(row, attention_mask=torch.ones_like(row), max_new_tokens=new_tokens,
-                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-                single_rows.append(out[0, len(p):].tolist())
+            batched_rows = greedy_generate(model, tok, padded, mask, new_tokens)
+            single_rows = [greedy_generate(model, tok, row, torch.ones_like(row), new_tokens)[0]
+                           for row in (torch.tensor([p], device=device) for p in prompts)]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
     del model
@@ -453,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_part("agreement_fp32", lambda: part_agreement_fp32(tok, device, args.tiny))
     if not {"generation", "lora_step", "dapo_step", "full_step"} <= skipped:  # the parts on the 7B-shape model
-        model = build_model(args.tiny, device, dtype)
+        model = build_model(TINY if args.tiny else {}, device, dtype)
         report["parameters"] = sum(p.numel() for p in model.parameters())
         run_part("generation", lambda: part_generation(model, tok, device, *sizes["generation"]))
         run_part("lora_step", lambda: part_lora_step(model, device, *sizes["train"]))
