@@ -51,11 +51,9 @@ from pathlib import Path
 from IPython.display import HTML, display
 
 from kunlunlab.eval.compare import table2
-from kunlunlab.agent.transformers_backend import TransformersBackend
-from kunlunlab.eval.harness import EvalConfig, apply_agent_settings, evaluate
 from kunlunlab.data.splits import load_splits
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir, read_jsonl
-from kunlunlab.training.pipeline import agent_settings, run_config, train
+from kunlunlab.training.pipeline import evaluate_baselines, run_config, train
 from kunlunlab.training.records import compare_runs, heldout_records, training_logs
 from kunlunlab.viz import clip_ratio_figure, save_figure, table_html
 
@@ -109,7 +107,6 @@ if grpo:
 # %%
 kunlun_cfg = run_config(config, shared, smoke=smoke)
 held = load_splits(kunlun_cfg.splits())
-base_model = kunlun_cfg.model   # None: the embedded SmolLM2-135M-Instruct
 records = {"world": {}}
 heldout_ids = [ex.id for ex in held.heldout]
 for method in list(baselines) if baseline_records else []:
@@ -119,19 +116,10 @@ for method in list(baselines) if baseline_records else []:
         records["world"][method] = rows
         print(f"{method}: {len(rows)} records of {kept}")
 to_run = [m for m in baselines if m not in records["world"]]
-if to_run:
-    backend = TransformersBackend(base_model, device=device)
-    settings = agent_settings(kunlun_cfg)   # the arms' budgets, top-k and index, as their evaluations ran
+if to_run:  # on kunlun_cfg.model, the base model (evaluate_baselines: the arms' questions and agent settings)
+    evaluate_baselines(kunlun_cfg, to_run, run_dir / "baselines")
     for method in to_run:
-        eval_cfg = apply_agent_settings(EvalConfig(dataset="world", limit=len(held.heldout), judge=None,
-                                                   index_kind=kunlun_cfg.index_kind, embedder=kunlun_cfg.embedder,
-                                                   batch_size=kunlun_cfg.eval.batch_size, seed=kunlun_cfg.world_seed),
-                                        {**settings, "method": method})
-        out = run_dir / "baselines" / f"world.{method}.jsonl"
-        summary = evaluate(eval_cfg, out, backend=backend, examples=held.heldout, passages=held.passages)
-        records["world"][method] = read_jsonl(out)
-        print(f"{method}: EM {summary['em']}")
-    del backend
+        records["world"][method] = read_jsonl(run_dir / "baselines" / f"world.{method}.jsonl")
     gc.collect()
 for name, folder in folders.items():
     records["world"][name] = heldout_records(folder, "world")

@@ -290,8 +290,9 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2_from_the_real_command(tmp_pa
     """The first case of each command as a subprocess of the installed ``kunlunlab`` (about 4 s each: imports): what
     only the real command can show (its exit code through the console script, nothing printed at import). Every
     case runs in process in the test below."""
-    first_of_each = {case.split()[0].rstrip(","): (case, argv, message)
-                     for case, argv, message in reversed(BAD_INPUT)}
+    probe = tmp_path / "probe"  # a case's command is its argv's first word (building it may write input files)
+    probe.mkdir()
+    first_of_each = {argv(probe)[0]: (case, argv, message) for case, argv, message in reversed(BAD_INPUT)}
     assert len(first_of_each) == 8
     for number, (case, argv, message) in enumerate(first_of_each.values()):
         folder = tmp_path / str(number)
