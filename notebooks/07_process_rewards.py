@@ -42,14 +42,14 @@
 # Parameters (papermill overrides these)
 ref_run = None            # notebook 04's training run folder (make run passes it); None: train an SFT-only run here
 config = "experiments/configs/training/train_embedded_cpu.json"   # relative to the repository root, or absolute
-prl_questions = 6         # ReasonRAG: training questions searched as trees
-mcts_iterations = 3       # selections per tree
+prl_questions = 4         # ReasonRAG: training questions searched as trees
+mcts_iterations = 2       # selections per tree
 children_per_node = 3     # sampled steps per expansion
 dpo_learning_rate = 5e-6  # ReasonRAG's DPO stage
 budget_weight = 0.5       # FrugalRAG: w_budget, the weight of the search-budget term in the DAPO reward
 budget_extra = "past_stop"  # which searches the budget term charges: "past_stop" (FrugalRAG's) or "redundant"
 flat_includes_budget = False  # DAPO + budget: a group of equal accuracy but unequal budget scores stays in the loss
-dapo_steps = 2            # DAPO + budget's optimizer steps (notebook 04's DAPO has 4; make run's size, see the README)
+dapo_steps = 1            # DAPO + budget's optimizer steps (as notebook 04's DAPO at make run's size, see the README)
 dapo_learning_rate = None   # None: the config's (dapo.learning_rate); set, it applies to both DAPO variants
 sft_overrides = {}        # without ref_run: config overrides of the SFT trained here, shared by every variant
 variant_hotpot = False    # also evaluate the variants on the held-out HotpotQA questions (about 2 min more each)

@@ -35,10 +35,13 @@ grpo = True               # the kunlun recipe with GRPO in place of DAPO, from t
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
 baseline_records = None   # a folder of world.<baseline>.jsonl records of them on the base model (make run passes
                           # notebook 06's): used where they answered exactly the arms' held-out questions
-budget = {"mixing.epochs": 2, "mixing.turning_epoch": 1, "mixing.samples_per_epoch": 16,
-          "mixing.first_turn_samples": 8, "dapo.steps": 2, "dapo.updates_per_generation": 2,
-          "dapo.learning_rate": 2e-05, "eval.world_questions": 20, "eval.hotpot_questions": 0,
-          "eval.summary_questions": 0, "eval.before": False, "summary_share": 0.0}   # shared by every arm
+# shared by every arm; make run's size (a check that every recipe trains and is compared, not a measurement: the kept
+# Table 2 is experiments/scripts/table2_run.sh's, 100 world questions, 8 RL steps of 2 prompts x 4 samples)
+budget = {"mixing.epochs": 2, "mixing.turning_epoch": 1, "mixing.samples_per_epoch": 8,
+          "mixing.first_turn_samples": 4, "dapo.steps": 2, "dapo.updates_per_generation": 2,
+          "dapo.prompts_per_step": 1, "dapo.max_resample": 0, "dapo.learning_rate": 2e-05,
+          "eval.world_questions": 10, "eval.hotpot_questions": 0, "eval.summary_questions": 0, "eval.before": False,
+          "summary_share": 0.0}
 smoke = False
 device = "auto"           # where the arms train and generate: auto (CUDA when present), cpu, cuda, cuda:N
 run_dir = None            # None: a new experiments/runs/<timestamp>-08_peers folder

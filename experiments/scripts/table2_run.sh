@@ -12,14 +12,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:-runs}
 BIN=${BIN:-.venv/bin}
-# r1_searcher, the third peer, did not finish in the measured session (docs/results.md says so); a run config is
-# kept with its records only, so it is not listed until it has run:
-#   kunlunlab train --config experiments/configs/training/peers/r1_searcher.json --run-dir "$RUNS/table2.r1_searcher" \
-#     --set dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100 \
-#     eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0
-ARMS=(kunlun search_r1 research kunlun_dapo_u4 kunlun_grpo_u4)
+# the shared budget on top of a recipe: it gives exactly the kept arms' configs (table2.search_r1.json is
+# peers/search_r1.json with these keys). ReSearch and R1-Searcher have no kept record yet, so no run config (a run
+# config names the record it reproduces): they train from their recipes with the budget.
+BUDGET=(dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100
+        eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0)
+ARMS=(kunlun search_r1 kunlun_dapo_u4 kunlun_grpo_u4)
 for arm in "${ARMS[@]}"; do
   "$BIN/kunlunlab" rerun "table2.$arm" --runs-dir "$RUNS"
+done
+for peer in research r1_searcher; do
+  "$BIN/kunlunlab" train --config "experiments/configs/training/peers/$peer.json" --run-dir "$RUNS/table2.$peer" \
+    --set "${BUDGET[@]}"
 done
 # the prompt baselines on the untrained backbone, on the kunlun arm's held-out world questions and agent settings
 "$BIN/python" experiments/scripts/table2_baselines.py "$RUNS/table2.kunlun/train_config.json" "$RUNS/table2.suite"

@@ -260,8 +260,10 @@ def test_load_survives_a_service_killed_and_restarted_mid_load(tmp_path, world, 
 
     result: dict = {}
     procs = [start()]
+    # 120 retries at up to 0.25 s: each client rides out an outage of ~30 s (the restart's imports took over the
+    # ~10 s that 40 retries allowed on a loaded 2-core machine, and 8 clients gave up)
     load = threading.Thread(target=lambda: result.update(run_load(
-        url, queries, clients=8, duration_s=5.0, timeout=5.0, retries=40, backoff=0.05, max_backoff=0.25,
+        url, queries, clients=8, duration_s=5.0, timeout=5.0, retries=120, backoff=0.05, max_backoff=0.25,
         keep_answers=True)))
     try:
         load.start()
@@ -269,7 +271,7 @@ def test_load_survives_a_service_killed_and_restarted_mid_load(tmp_path, world, 
         procs[0].kill()  # a crash: in-flight requests are cut, the port goes dark
         procs[0].wait()
         procs.append(start())
-        load.join(40)
+        load.join(90)
         second = httpx.get(url + "/health").json()
     finally:
         for proc in procs:

@@ -10,8 +10,8 @@ ranks hold the same gathered rewards, made of each rank's own rollouts in rank o
 reward; both ranks' rollouts reached the generation server and it answered each request; each rank evaluates
 half of the held-out questions and the main process writes them all; the saved ``sft/final`` and
 ``dapo/final`` are whole models (adapters merged) that load with ``load_llm`` and have the embedded model's
-parameter names and shapes. About 2.5 minutes on 2 CPU cores (deselect with
-``-m "not multiprocess"``)."""
+parameter names and shapes. About 2.5 minutes on 2 CPU cores. ``make test-gpuenv`` runs it in the environments a
+multi-GPU node installs; ``make test`` deselects it (``-m "not multiprocess"``)."""
 from __future__ import annotations
 
 import json
