@@ -308,10 +308,9 @@ def test_env(name: str, pytest_args: list[str]) -> dict:
     check = subprocess.run([settings["python"], "experiments/scripts/gpu_check.py", "--tiny", "--out", str(check_out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     report = json.loads(check_out.read_text()) if check_out.is_file() else {}
-    parts = GPU_CHECK_PARTS
     result["gpu_check"] = {"rc": check.returncode, "s": round(time.perf_counter() - start, 1),
-                           "parts_ok": [p for p in parts if p in report and "error" not in report[p]],
-                           "errors": {p: report[p]["error"] for p in parts if "error" in report.get(p, {})}}
+                           "parts_ok": [p for p in GPU_CHECK_PARTS if p in report and "error" not in report[p]],
+                           "errors": {p: report[p]["error"] for p in GPU_CHECK_PARTS if "error" in report.get(p, {})}}
     if check.returncode != 0:
         result["gpu_check"]["stderr"] = check.stderr[-1500:]
     start = time.perf_counter()

@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from kunlunlab.training.pipeline import PROMPT_BASELINES, evaluate_baselines, run_config
+from kunlunlab.agent.methods import PROMPT_BASELINES
+from kunlunlab.training.pipeline import evaluate_baselines, run_config
 
 
 def main(argv: list[str]) -> int:

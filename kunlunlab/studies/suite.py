@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kunlunlab.agent.methods import METHODS
+from kunlunlab.agent.methods import METHODS, PROMPT_BASELINES
 from kunlunlab.agent.nlr import network_tier
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.configs import choice, non_negative, positive
@@ -54,7 +54,7 @@ from kunlunlab.training.config import load_config
 from kunlunlab.training.router import RouterTrainConfig, train_router
 
 
-BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
+BASELINES = PROMPT_BASELINES  # the prompt baselines of Table 2, every one by default
 DATASETS = ("world", "world_summary", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle")
 WORLD_DATASETS = ("world", "world_summary")  # the synthetic world's factoid and summary-oriented held-out questions
 # Inference ablations of the whole agent: name -> EvalConfig overrides.

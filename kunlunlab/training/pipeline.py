@@ -178,16 +178,13 @@ def agent_settings(cfg: TrainConfig) -> dict:
             "rdra": asdict(cfg.agent.rdra), "stie": asdict(cfg.agent.stie)}
 
 
-PROMPT_BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
-
-
-def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, backend=None, progress=print) -> dict[str, dict]:
+def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, progress=print) -> dict[str, dict]:
     """Table 2's prompt baselines as the paper runs them: on ``cfg.model``, the backbone a recipe starts from (None:
     the embedded SmolLM2-135M-Instruct, untrained), on the recipe's held-out world questions with its agent settings
     (budgets, top-k, index), so each baseline answers exactly what the trained arms answered. Records go to
     ``<out_dir>/world.<method>.jsonl`` and resume where a run stopped; returns each method's summary."""
     held = load_splits(cfg.splits())
-    backend = backend or TransformersBackend(cfg.model, device=cfg.device)
+    backend = TransformersBackend(cfg.model, device=cfg.device)
     settings = agent_settings(cfg)
     summaries = {}
     for method in methods:
@@ -673,5 +670,5 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-__all__ = ["AGENT_SETTINGS_FILE", "PROMPT_BASELINES", "SMOKE_OVERRIDES", "RunFolderConflict", "mix_training_data",
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "mix_training_data",
            "run_config", "TrainingRun", "agent_settings", "evaluate_baselines", "evaluate_model", "trained_model", "train"]

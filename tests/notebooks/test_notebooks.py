@@ -1,7 +1,5 @@
 """Papermill smoke run of every notebook, with the tiny `smoke` parameters: 01-04 here, the studies of the trained
 agent (05 on) in test_notebook_studies.py, so that pytest-xdist's workers (a file each) share the ~7 minutes."""
-import json
-
 import pytest
 
 from kunlunlab.runner import notebooks, run_notebook
