@@ -34,14 +34,15 @@ peers = ["search_r1", "research", "r1_searcher"]   # recipes experiments/configs
 grpo = True               # the kunlun recipe with GRPO in place of DAPO, from the kunlun arm's SFT checkpoint
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
 baseline_records = None   # a folder of world.<baseline>.jsonl records of them on the base model (make run passes
-                          # notebook 06's): used where they answered exactly the arms' held-out questions
+                          # notebook 06's): reused where they answered the arms' questions with the arms' settings
 # shared by every arm; make run's size (a check that every recipe trains and is compared, not a measurement: the kept
-# Table 2 is experiments/scripts/table2_run.sh's, 100 world questions, 8 RL steps of 2 prompts x 4 samples)
+# Table 2 is experiments/scripts/table2_run.sh's, 100 world questions, 8 RL steps of 2 prompts x 4 samples); rollouts
+# and answers stop at 512 tokens (1024 in the recipes): the arms barely trained run on to the cap, half of 08's time
 budget = {"mixing.epochs": 2, "mixing.turning_epoch": 1, "mixing.samples_per_epoch": 8,
           "mixing.first_turn_samples": 4, "dapo.steps": 2, "dapo.updates_per_generation": 2,
           "dapo.prompts_per_step": 1, "dapo.max_resample": 0, "dapo.learning_rate": 2e-05,
-          "eval.world_questions": 10, "eval.hotpot_questions": 0, "eval.summary_questions": 0, "eval.before": False,
-          "summary_share": 0.0}
+          "dapo.max_total_tokens": 512, "eval.world_questions": 10, "eval.hotpot_questions": 0,
+          "eval.summary_questions": 0, "eval.max_total_tokens": 512, "eval.before": False, "summary_share": 0.0}
 smoke = False
 device = "auto"           # where the arms train and generate: auto (CUDA when present), cpu, cuda, cuda:N
 run_dir = None            # None: a new experiments/runs/<timestamp>-08_peers folder
@@ -54,7 +55,6 @@ from pathlib import Path
 from IPython.display import HTML, display
 
 from kunlunlab.eval.compare import table2
-from kunlunlab.data.splits import load_splits
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir, read_jsonl
 from kunlunlab.training.pipeline import evaluate_baselines, run_config, train
 from kunlunlab.training.records import compare_runs, heldout_records, training_logs
@@ -109,21 +109,11 @@ if grpo:
 
 # %%
 kunlun_cfg = run_config(config, shared, smoke=smoke)
-held = load_splits(kunlun_cfg.splits())
-records = {"world": {}}
-heldout_ids = [ex.id for ex in held.heldout]
-for method in list(baselines) if baseline_records else []:
-    kept = Path(baseline_records) / f"world.{method}.jsonl"
-    rows = read_jsonl(kept) if kept.is_file() else []
-    if [r["id"] for r in rows] == heldout_ids:  # the same questions, the same base model: reused, not rerun
-        records["world"][method] = rows
-        print(f"{method}: {len(rows)} records of {kept}")
-to_run = [m for m in baselines if m not in records["world"]]
-if to_run:  # on kunlun_cfg.model, the base model (evaluate_baselines: the arms' questions and agent settings)
-    evaluate_baselines(kunlun_cfg, to_run, run_dir / "baselines")
-    for method in to_run:
-        records["world"][method] = read_jsonl(run_dir / "baselines" / f"world.{method}.jsonl")
-    gc.collect()
+# on kunlun_cfg.model, the base model, with the arms' questions and agent settings; notebook 06's records of the
+# same evaluation (baseline_records) are reused where they hold these questions, else the baselines run here
+evaluate_baselines(kunlun_cfg, baselines, run_dir / "baselines", reuse=baseline_records)
+records = {"world": {m: read_jsonl(run_dir / "baselines" / f"world.{m}.jsonl") for m in baselines}}
+gc.collect()
 for name, folder in folders.items():
     records["world"][name] = heldout_records(folder, "world")
 

@@ -535,6 +535,27 @@ def kept_records(config: EvalConfig, out: str | Path, examples: list[QAExample],
     return records, size
 
 
+def records_of_same_evaluation(config: EvalConfig, source: str | Path, examples: list[QAExample]) -> list[dict] | None:
+    """``examples``' records taken from ``source``, a finished records file of the same evaluation over more or other
+    questions (greedy answers: a question's record depends on it and the configuration, the batch it shared
+    aside), in ``examples``' order; None when its sidecar shows another configuration (anything but ``limit`` differing) or a
+    question is missing or differs. Notebook 08 reuses notebook 06's prompt baselines this way."""
+    records, _ = read_records(source)
+    sidecar = records_config_path(source)
+    if not records or not sidecar.is_file():
+        return None
+    saved = json.loads(sidecar.read_text(encoding="utf-8")).get("identity")
+    wanted = evaluation_identity(config)
+    if not isinstance(saved, dict) or {**saved, "limit": None} != {**wanted, "limit": None}:
+        return None
+    by_id = {r["id"]: r for r in records}
+    chosen = [by_id.get(ex.id) for ex in examples]
+    if any(r is None or r["question"] != ex.question or r["golds"] != list(ex.answers)
+           for r, ex in zip(chosen, examples)):
+        return None
+    return chosen
+
+
 class RecordWriter:
     """Appends an evaluation's records to ``out`` as they finish: each line flushed, each batch synced to disk.
     The file (and, with ``identity``, its sidecar; without, a stale sidecar goes) is created with the first

@@ -302,7 +302,7 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
         judge_backend = make_judge_backend(base, group_backend)
 
         def run(dataset: str, name: str, examples, passages, **overrides) -> list[dict]:
-            config = replace(base, dataset=dataset, limit=len(examples), **overrides)
+            config = replace(base, dataset=dataset, limit=len(examples), model=model, **overrides)
             path = out_dir / f"{dataset}.{name.replace(' ', '_')}.jsonl"
             t0 = time.perf_counter()
             summary = evaluate(config, path, backend=group_backend, judge_backend=judge_backend, examples=examples,

@@ -36,7 +36,8 @@ from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
-from kunlunlab.eval.harness import AGENT_SETTINGS_FILE, EvalConfig, apply_agent_settings, evaluate
+from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, EvalConfig, RecordWriter, apply_agent_settings, evaluate,
+                                    evaluation_identity, read_records, records_of_same_evaluation)
 from kunlunlab.eval.metrics import summarize
 from kunlunlab.models import load_llm, release_host_memory, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.paths import PROJECT_ROOT
@@ -178,11 +179,15 @@ def agent_settings(cfg: TrainConfig) -> dict:
             "rdra": asdict(cfg.agent.rdra), "stie": asdict(cfg.agent.stie)}
 
 
-def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, progress=print) -> dict[str, dict]:
+def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, progress=print,
+                       reuse: Path | None = None) -> dict[str, dict]:
     """Table 2's prompt baselines as the paper runs them: on ``cfg.model``, the backbone a recipe starts from (None:
     the embedded SmolLM2-135M-Instruct, untrained), on the recipe's held-out world questions with its agent settings
     (budgets, top-k, index), so each baseline answers exactly what the trained arms answered. Records go to
-    ``<out_dir>/world.<method>.jsonl`` and resume where a run stopped; returns each method's summary."""
+    ``<out_dir>/world.<method>.jsonl`` and resume where a run stopped; returns each method's summary. ``reuse``: a
+    folder of ``world.<method>.jsonl`` records of the same evaluation over more questions (notebook 06's, when its
+    settings are the arms'): the arms' questions are taken from there instead of answered again
+    (:func:`~kunlunlab.eval.harness.records_of_same_evaluation`)."""
     held = load_splits(cfg.splits())
     backend = TransformersBackend(cfg.model, device=cfg.device)
     settings = agent_settings(cfg)
@@ -192,7 +197,14 @@ def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, progress=print)
                                                    index_kind=cfg.index_kind, embedder=cfg.embedder,
                                                    batch_size=cfg.eval.batch_size, seed=cfg.world_seed),
                                         {**settings, "method": method})
-        summaries[method] = evaluate(eval_cfg, Path(out_dir) / f"world.{method}.jsonl", backend=backend,
+        out = Path(out_dir) / f"world.{method}.jsonl"
+        kept = records_of_same_evaluation(eval_cfg, Path(reuse) / out.name, held.heldout) if reuse else None
+        if kept is not None and not read_records(out)[0]:  # evaluate() below reads them back as finished
+            writer = RecordWriter(out, evaluation_identity(eval_cfg), append=False)
+            writer.write([json.dumps(r) for r in kept])
+            writer.finish()
+            progress(f"{method}: {len(kept)} records reused from {Path(reuse) / out.name}")
+        summaries[method] = evaluate(eval_cfg, out, backend=backend,
                                      examples=held.heldout, passages=held.passages, resume=True)
         progress(f"{method}: EM {summaries[method]['em']}")
     return summaries

@@ -24,7 +24,7 @@ from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.cli import main
 from kunlunlab.eval.harness import (EvalConfig, EvalRetrievalError, RecordsConflict, evaluate, kept_records,
-                                    load_examples, records_config_path)
+                                    load_examples, records_config_path, records_of_same_evaluation)
 from kunlunlab.eval.judge import LLMJudge
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval import IndexConfig, build_retriever
@@ -337,6 +337,26 @@ def test_records_it_cannot_vouch_for_are_refused(tokenizer, world_eval, tmp_path
     records_config_path(out).unlink()
     with pytest.raises(RecordsConflict, match="holds 4 records but no records.jsonl.config.json"):
         kept_records(_config(), out, examples)
+
+
+def test_a_larger_run_of_the_same_evaluation_lends_its_records_and_no_other_does(tokenizer, world_eval, tmp_path):
+    """Notebook 08 takes its prompt baselines from notebook 06's records: only from a run of the same evaluation
+    (any number of questions), only when every question it needs is there, in its own question order."""
+    examples, retriever = world_eval
+    out = tmp_path / "records.jsonl"
+    evaluate(_config(), out, backend=Answering(tokenizer, replies_for(examples)), examples=examples,
+             retriever=Search(retriever, examples), progress=False, resume=True)
+    wanted = [examples[5], examples[2]]
+    got = records_of_same_evaluation(replace(_config(), limit=2, batch_size=1), out, wanted)
+    assert [r["id"] for r in got] == [examples[5].id, examples[2].id]
+    assert [r["em"] for r in got] == [0.0, 1.0]  # question 5 was answered wrongly, question 2 rightly
+    assert records_of_same_evaluation(replace(_config(), limit=2, rollout=RolloutConfig(top_k=5)), out, wanted) is None
+    assert records_of_same_evaluation(_config("naive_gen"), out, wanted) is None
+    other = replace(examples[2], answers=["somebody else"])
+    assert records_of_same_evaluation(_config(), out, [examples[5], other]) is None
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:4]))  # questions 0-3 only
+    assert records_of_same_evaluation(_config(), out, wanted) is None
+    assert records_of_same_evaluation(_config(), tmp_path / "absent.jsonl", wanted) is None
 
 
 def test_without_resume_the_file_starts_over_and_its_sidecar_goes(tokenizer, world_eval, tmp_path):
