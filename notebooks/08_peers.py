@@ -31,7 +31,8 @@
 # Parameters (papermill overrides these)
 config = "experiments/configs/training/train_embedded_cpu.json"   # the kunlun recipe (relative to the repository root)
 peers = ["search_r1", "research", "r1_searcher"]   # recipes experiments/configs/training/peers/<name>.json
-grpo = True               # the kunlun recipe with GRPO in place of DAPO, from the kunlun arm's SFT checkpoint
+grpo = False              # the kunlun recipe with GRPO in place of DAPO, from the kunlun arm's SFT checkpoint (off at
+                          # make run's size, to keep the series in its hour; series_goal_sizes.json turns it on)
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
 baseline_records = None   # a folder of world.<baseline>.jsonl records of them on the base model (make run passes
                           # notebook 06's): reused where they answered the arms' questions with the arms' settings
@@ -60,8 +61,8 @@ from kunlunlab.training.pipeline import evaluate_baselines, run_config, train
 from kunlunlab.training.records import compare_runs, heldout_records, training_logs
 from kunlunlab.viz import clip_ratio_figure, save_figure, table_html
 
-if smoke:  # the test suite's run: the kunlun arms and two baselines at run_config's smoke sizes (each peer recipe
-    peers, baselines = [], baselines[:2]   # trains at smoke size in tests/training/test_peer_recipes.py)
+if smoke:  # the test suite's run: the kunlun arms (DAPO and GRPO) and two baselines at run_config's smoke sizes
+    peers, baselines, grpo = [], baselines[:2], True   # (each peer recipe trains at smoke size in test_peer_recipes.py)
 GRPO = {"dapo.loss_type": "grpo", "dapo.epsilon_high": 0.2, "dapo.dynamic_sampling": False,
         "rewards.overlong_shaping": False, "dapo.beta": 0.001}
 run_dir = notebook_run_dir(run_dir, "08_peers")

@@ -80,17 +80,21 @@ def test_ray_build_equals_the_in_process_build(corpus_file, in_process, question
 
 
 @pytest.mark.slow
-def test_stream_build_of_other_kinds_searches_as_in_process(world, encoder, vectors, corpus_file, questions, tmp_path):
+def test_stream_build_of_other_kinds_searches_as_in_process(world, encoder, vectors, questions, tmp_path):
+    """Over the first 600 passages (shards of 200): each sharded build encodes its corpus again."""
+    passages, n = world.passages[:600], 600
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": p.contents}) + "\n" for p in passages))
     queries = _queries(questions)
     for kind in ("flat", "ivfpq"):
         config = IndexConfig(kind=kind)
-        config.ivfpq.nlist, config.ivfpq.m = 32, 16
-        reference = build_retriever(world.passages, config, encoder=encoder, vectors=vectors)
-        build_sharded(corpus_file, config, tmp_path / kind, ShardedBuildConfig(shard_rows=SHARD_ROWS),
+        config.ivfpq.nlist, config.ivfpq.m = 16, 16
+        reference = build_retriever(passages, config, encoder=encoder, vectors=vectors[:n])
+        build_sharded(corpus, config, tmp_path / kind, ShardedBuildConfig(shard_rows=200),
                       encoder=encoder, log=lambda line: None)
         built = load_retriever(tmp_path / kind, encoder=encoder)
         assert not (tmp_path / kind / "vectors.npy").exists()  # only the cluster retriever keeps float vectors
-        assert built.index.ntotal == len(world.passages)
+        assert built.index.ntotal == n
         same = [[h.id for h in x] == [h.id for h in y]
                 for x, y in zip(built.search(queries, k=10), reference.search(queries, k=10))]
         assert all(same), f"{kind}: {same.count(False)} of {len(same)} top-10 lists differ"

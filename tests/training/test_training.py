@@ -124,7 +124,8 @@ def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25
 def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch, capsys):
     from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
 
-    overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False}
+    # the long-answer evaluation too (the smoke size leaves it out)
+    overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False, "eval.summary_questions": 1}
     cfg = load_config("experiments/configs/training/train_embedded_cpu.json", overrides)
     with pytest.raises(Interrupt):
         train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2)])
@@ -136,7 +137,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     from kunlunlab.cli import main
 
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
-                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false"]) == 0
+                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1"]) == 0
     summary = json.loads((tmp_path / "training_summary.json").read_text())
     for key in ("em_before", "em_after", "f1_before", "f1_after", "format_compliance_before",
                 "format_compliance_after", "steps", "seconds"):
@@ -151,7 +152,8 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     saved = (tmp_path / "train_config.json").read_text()
     capsys.readouterr()
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
-                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "sft.learning_rate=1e-4"]) == 2
+                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1",
+                 "sft.learning_rate=1e-4"]) == 2
     assert "holds a training run of another config (differs in ['sft']" in capsys.readouterr().err  # bad input: exit 2
     assert (tmp_path / "train_config.json").read_text() == saved
 
