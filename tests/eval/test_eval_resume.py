@@ -597,6 +597,21 @@ def test_suite_ctrl_c_keeps_the_finished_questions(suite_setup, tmp_path, capsys
     assert record_ids(out / "records" / "hotpotqa_distractor.naive_gen.jsonl") == [ex.id for ex in examples[:4]]
 
 
+def test_each_suite_row_s_records_name_the_model_it_ran_on(suite_setup, tmp_path, capsys):
+    """The baselines run on the backbone (the training config's model: the embedded one), the method on the
+    checkpoint; each records file's sidecar names its own row's model (it named the checkpoint for every row)."""
+    examples, retrieval, judge, _, _, loads = suite_setup
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    out = tmp_path / "suite"
+    assert main(suite_argv(retrieval, judge, out, "--model", str(checkpoint))) == 0
+    capsys.readouterr()
+    identity = {m: json.loads(records_config_path(out / "records" / f"hotpotqa_distractor.{m}.jsonl").read_text())
+                ["identity"]["model"] for m in ("naive_gen", "naive_rag")}
+    assert identity == {"naive_gen": None, "naive_rag": str(checkpoint)}
+    assert [args[0] for args in loads] == [None, str(checkpoint)]  # the backbone's rows first, the checkpoint's last
+
+
 def test_a_rerun_keeps_the_nlr_router_its_records_were_routed_by(tmp_path, monkeypatch):
     """Router training measures latencies, so a second training would route differently from the +NLR records
     already on disk: a resumed suite keeps router.pt and its training summary; without resume it trains anew."""
