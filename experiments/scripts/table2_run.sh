@@ -12,11 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:-runs}
 BIN=${BIN:-.venv/bin}
-# the shared budget on top of a recipe: it gives exactly the kept arms' configs (table2.search_r1.json is
-# peers/search_r1.json with these keys). ReSearch and R1-Searcher have no kept record yet, so no run config (a run
-# config names the record it reproduces): they train from their recipes with the budget.
+# the shared budget on top of a recipe: it gives the kept arms' configs (table2.search_r1.json is peers/search_r1.json
+# with these keys, its three dtypes "auto", which resolved to float32 on that CPU without native bf16; here they are
+# float32 on any CPU, so that an AMX machine's bf16 does not stand between the peers and the kept arms). ReSearch and
+# R1-Searcher have no kept record yet, so no run config (a run config names the record it reproduces): they train
+# from their recipes with the budget.
 BUDGET=(dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100
-        eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0)
+        eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0
+        bf16=false model_dtype=float32 inference_dtype=float32)
 ARMS=(kunlun search_r1 kunlun_dapo_u4 kunlun_grpo_u4)
 for arm in "${ARMS[@]}"; do
   "$BIN/kunlunlab" rerun "table2.$arm" --runs-dir "$RUNS"
