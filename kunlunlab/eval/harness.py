@@ -544,7 +544,11 @@ def records_of_same_evaluation(config: EvalConfig, source: str | Path, examples:
     sidecar = records_config_path(source)
     if not records or not sidecar.is_file():
         return None
-    saved = json.loads(sidecar.read_text(encoding="utf-8")).get("identity")
+    try:  # kept_records reads the same sidecar; here an unreadable one vouches for nothing: answered again
+        saved = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    saved = saved.get("identity") if isinstance(saved, dict) else None
     wanted = evaluation_identity(config)
     if not isinstance(saved, dict) or {**saved, "limit": None} != {**wanted, "limit": None}:
         return None

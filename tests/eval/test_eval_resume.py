@@ -356,7 +356,10 @@ def test_a_larger_run_of_the_same_evaluation_lends_its_records_and_no_other_does
     assert records_of_same_evaluation(_config(), out, [examples[5], other]) is None
     out.write_text("".join(out.read_text().splitlines(keepends=True)[:4]))  # questions 0-3 only
     assert records_of_same_evaluation(_config(), out, wanted) is None
+    assert [r["id"] for r in records_of_same_evaluation(_config(), out, [examples[2]])] == [examples[2].id]
     assert records_of_same_evaluation(_config(), tmp_path / "absent.jsonl", wanted) is None
+    records_config_path(out).write_text("{not json")  # a damaged sidecar vouches for nothing
+    assert records_of_same_evaluation(_config(), out, [examples[2]]) is None  # question 2 is still there
 
 
 def test_without_resume_the_file_starts_over_and_its_sidecar_goes(tokenizer, world_eval, tmp_path):
