@@ -30,9 +30,10 @@ run: setup
 # tests/conftest.py gives each worker its share of the cores. TEST_WORKERS=0 runs the suite in one process.
 # The two-process training run (marker multiprocess) is the multi-GPU recipe's stand-in: make test-gpuenv runs it in
 # the environments a multi-GPU node installs (the gpu extra's versions and the device image's), where it belongs, so
-# make test leaves it out of this CPU environment (TEST_MARKERS= runs it here too).
+# make test leaves it out of this CPU environment (TEST_MARKERS= runs it here too); so too the GPU check's tests (marker
+# gpuenv), which make test-gpuenv runs against the check it runs once in each of those environments.
 TEST_WORKERS ?= 2
-TEST_MARKERS ?= not multiprocess
+TEST_MARKERS ?= not multiprocess and not gpuenv
 test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(if $(TEST_MARKERS),-m "$(TEST_MARKERS)")
 

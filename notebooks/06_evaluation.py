@@ -51,6 +51,7 @@ embedder = None            # None: the checkpoint's, else the embedded all-MiniL
 device = "auto"            # where the checkpoint generates: auto (CUDA when present), cpu, cuda, cuda:N
 retriever_url = None       # the benchmarks' searches through this retrieval service; None: their own corpora here
 batch_size = 20            # questions per generation batch
+rollout = {}               # the agent's budgets on every row ({"max_total_tokens": 512}); {}: the checkpoint's
 training_runs = {}         # training ablations: label -> `kunlunlab train` run folder; the first is the reference
 n_resamples = 2000
 seed = 0
@@ -72,6 +73,7 @@ if smoke:
     baselines, datasets, world_questions, hotpot_questions, limit = ["naive_rag"], ["world", "hotpotqa_distractor"], 2, 1, 1
     datasets, summary_questions = datasets + ["world_summary"], 1
     ablations, n_resamples, nlr = ["−STIE"], 200, False
+    rollout = {"max_total_tokens": 160, "max_turn_tokens": 32, **rollout}  # the smoke training's budgets
 if shared_data_dir() is None:
     print("benchmark data folder not found: evaluating the synthetic world only")
 run_dir = notebook_run_dir(run_dir, "06_evaluation")
@@ -81,7 +83,7 @@ cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baseli
                   hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,
                   nlr_latency_ms=nlr_latency_ms, judge=judge, judge_url=judge_url, index_kind=index_kind,
-                  embedder=embedder, device=device, retriever_url=retriever_url, batch_size=batch_size,
+                  embedder=embedder, device=device, retriever_url=retriever_url, rollout=rollout, batch_size=batch_size,
                   n_resamples=n_resamples, seed=seed)
 
 # %% [markdown]

@@ -25,8 +25,8 @@ skipped with the seconds left. Each part's numbers, or the error that stopped it
 ``$OUT/gpu_check.json`` on the device machine, else experiments/results/gpu_check/gpu_check.json); the last line
 printed is that JSON. Everything else (the DAPO checkpoint, the end-to-end run) is written under ``--work``
 (/tmp), never beside the JSON: a device call brings back 8 files of 16 MiB at most. ``--tiny`` runs every part at
-toy size on the CPU, which is how the script is tested (tests/training/test_gpu_check.py, in the CPU lock's and in
-the GPU environments' versions: ``make test-gpuenv``)."""
+toy size on the CPU, which is how the script is tested (tests/training/test_gpu_check.py, in the GPU environments'
+versions: ``make test-gpuenv``; ``pytest -m gpuenv`` in any other)."""
 from __future__ import annotations
 
 import argparse

@@ -57,9 +57,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux1_x86_64")
 # the tests each simulated environment runs beside the GPU check at toy size (which trains with the one-GPU LoRA
 # recipe end to end: SFT, DAPO, evaluations): the stages' arguments, DPO, the micro-batched SFT and DAPO, TRL's CPU
-# head switch and the two-process run with its generation server
-TRAINING_TESTS = ("tests/training/test_compat.py", "tests/training/test_dpo_stage.py",
-                  "tests/training/test_sft_micro_batch.py", "tests/training/test_dapo_geometry.py",
+# head switch and the two-process run with its generation server; and the GPU check's own tests, on that check's report
+TRAINING_TESTS = ("tests/training/test_gpu_check.py", "tests/training/test_compat.py",
+                  "tests/training/test_dpo_stage.py", "tests/training/test_sft_micro_batch.py", "tests/training/test_dapo_geometry.py",
                   "tests/training/test_trl_cpu.py", "tests/training/test_multiprocess_training.py")
 TWO_PROCESS_TESTS = tuple(t for t in TRAINING_TESTS if "multiprocess" in t)
 PARALLEL_TESTS = tuple(t for t in TRAINING_TESTS if t not in TWO_PROCESS_TESTS)
@@ -304,9 +304,16 @@ def test_env(name: str, pytest_args: list[str]) -> dict:
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     result = {"env": name, "build_s": build_s, "versions": versions(settings)}
     start = time.perf_counter()
-    check_out = ENVS / name / "gpu_check.json"
+    # the check writes its JSON and log alone in a folder; tests/training/test_gpu_check.py reads this run (its
+    # stdout beside the folder) instead of running the check again
+    check_dir = ENVS / name / "gpu_check"
+    shutil.rmtree(check_dir, ignore_errors=True)
+    check_dir.mkdir(parents=True)
+    check_out = check_dir / "gpu_check.json"
     check = subprocess.run([settings["python"], "experiments/scripts/gpu_check.py", "--tiny", "--out", str(check_out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    check_dir.with_suffix(".stdout").write_text(check.stdout)
+    env["KUNLUNLAB_GPU_CHECK_REPORT"] = str(check_out)
     report = json.loads(check_out.read_text()) if check_out.is_file() else {}
     result["gpu_check"] = {"rc": check.returncode, "s": round(time.perf_counter() - start, 1),
                            "parts_ok": [p for p in GPU_CHECK_PARTS if p in report and "error" not in report[p]],

@@ -12,21 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${1:-runs}
 BIN=${BIN:-.venv/bin}
-# the shared budget on top of a recipe: it gives the kept arms' configs (table2.search_r1.json is peers/search_r1.json
-# with these keys, its three dtypes "auto", which resolved to float32 on that CPU without native bf16; here they are
-# float32 on any CPU, so that an AMX machine's bf16 does not stand between the peers and the kept arms). ReSearch and
-# R1-Searcher have no kept record yet, so no run config (a run config names the record it reproduces): they train
-# from their recipes with the budget.
-BUDGET=(dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100
-        eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0
-        bf16=false model_dtype=float32 inference_dtype=float32)
-ARMS=(kunlun search_r1 kunlun_dapo_u4 kunlun_grpo_u4)
+# every arm from its run config: a peer's is its recipe (experiments/configs/training/peers/<peer>.json) with the shared
+# budget on top (dapo.steps=8 dapo.updates_per_generation=2 dapo.learning_rate=2e-05 eval.world_questions=100
+# eval.hotpot_questions=20 eval.summary_questions=0 eval.before=false summary_share=0); table2.kunlun and
+# table2.search_r1 ran with their three dtypes "auto" (float32 on that CPU without native bf16), research and
+# r1_searcher with bf16=false model_dtype=float32 inference_dtype=float32, the same arithmetic on any CPU
+ARMS=(kunlun search_r1 research r1_searcher kunlun_dapo_u4 kunlun_grpo_u4)
 for arm in "${ARMS[@]}"; do
   "$BIN/kunlunlab" rerun "table2.$arm" --runs-dir "$RUNS"
-done
-for peer in research r1_searcher; do
-  "$BIN/kunlunlab" train --config "experiments/configs/training/peers/$peer.json" --run-dir "$RUNS/table2.$peer" \
-    --set "${BUDGET[@]}"
 done
 # the prompt baselines on the untrained backbone, on the kunlun arm's held-out world questions and agent settings
 "$BIN/python" experiments/scripts/table2_baselines.py "$RUNS/table2.kunlun/train_config.json" "$RUNS/table2.suite"

@@ -40,6 +40,7 @@ from typing import Callable
 
 from kunlunlab.agent.methods import METHODS, PROMPT_BASELINES
 from kunlunlab.agent.nlr import network_tier
+from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.configs import choice, non_negative, positive
 from kunlunlab.data.loaders import load_benchmark, load_corpus
@@ -57,6 +58,8 @@ from kunlunlab.training.router import RouterTrainConfig, train_router
 BASELINES = PROMPT_BASELINES  # the prompt baselines of Table 2, every one by default
 DATASETS = ("world", "world_summary", "hotpotqa_distractor", "2wikimultihopqa", "musique", "bamboogle")
 WORLD_DATASETS = ("world", "world_summary")  # the synthetic world's factoid and summary-oriented held-out questions
+# The agent's budgets a suite may set on every row (SuiteConfig.rollout)
+ROLLOUT_BUDGETS = ("max_searches", "max_turn_tokens", "max_total_tokens", "top_k", "max_result_chars")
 # Inference ablations of the whole agent: name -> EvalConfig overrides.
 ABLATIONS = {"−RDRA": {"use_rdra": False}, "−STIE": {"use_stie": False},
              "agent (−RDRA −STIE)": {"method": "agent"}}
@@ -92,6 +95,9 @@ class SuiteConfig:
     retriever_url: str | None = None  # the benchmarks' searches through this service (POST /retrieve); the
                                       # synthetic world keeps its in-process index (its passages are in no service)
     index_dir: str | None = None      # or through this saved index folder (kunlunlab build-index)
+    # the agent's budgets on every row (RolloutConfig fields: {"max_total_tokens": 160, "max_turn_tokens": 32});
+    # those left out: the checkpoint's (kunlunlab_agent.json), else RolloutConfig's
+    rollout: dict[str, int] = field(default_factory=dict)
     batch_size: int = positive(20)    # questions per generation batch: 20 world questions in one batch took
                                       # 57.9 s against 83.2 s in two of 10 (2-core CPU, 2026-11-25)
     n_resamples: int = positive(2000)  # paired-bootstrap resamples behind every interval of the tables
@@ -106,6 +112,10 @@ class SuiteConfig:
             raise ValueError(f"models: unknown methods {sorted(unknown)}; choose from {sorted(METHODS)}")
         if self.method in self.models:
             raise ValueError(f"models: {self.method} is the suite's method, which runs on `model`")
+        unknown = set(self.rollout) - set(ROLLOUT_BUDGETS)
+        if unknown:
+            raise ValueError(f"rollout: unknown budgets {sorted(unknown)}; choose from {list(ROLLOUT_BUDGETS)}")
+        RolloutConfig(**self.rollout)  # its own range checks, in one line
         self.baselines, self.datasets = tuple(self.baselines), tuple(self.datasets)
         self.ablations, self.ablation_datasets = tuple(self.ablations), tuple(self.ablation_datasets)
 
@@ -218,7 +228,9 @@ def suite_eval_config(cfg: SuiteConfig):
     given = {"method": cfg.method, "judge": cfg.judge, "judge_url": cfg.judge_url, "batch_size": cfg.batch_size,
              "seed": cfg.seed}
     given.update((k, getattr(cfg, k)) for k in ("index_kind", "embedder") if getattr(cfg, k) is not None)
-    return EvalConfig.for_checkpoint(cfg.model, **given) if cfg.model else EvalConfig(**given)
+    if cfg.model:
+        return EvalConfig.for_checkpoint(cfg.model, **given, **({"rollout": dict(cfg.rollout)} if cfg.rollout else {}))
+    return EvalConfig(**given, rollout=RolloutConfig(**cfg.rollout))
 
 
 SUITE_CONFIG_FILE = "suite_config.json"

@@ -44,6 +44,12 @@ def test_the_suite_runs_with_the_checkpoints_agent_configuration_unless_it_sets_
     untrained = suite_eval_config(SuiteConfig())  # no checkpoint: EvalConfig's defaults
     assert (untrained.index_kind, untrained.embedder, untrained.rollout.top_k, untrained.stie.delta1) == \
         ("flat", None, 3, 0.6)
+    # budgets the suite sets replace the checkpoint's, one by one; the others stay the checkpoint's
+    capped = suite_eval_config(SuiteConfig(model=str(tmp_path), rollout={"max_total_tokens": 160}))
+    assert (capped.rollout.max_total_tokens, capped.rollout.top_k, capped.rollout.max_turn_tokens) == (160, 1, 256)
+    assert suite_eval_config(SuiteConfig(rollout={"max_turn_tokens": 32})).rollout.max_turn_tokens == 32
+    with pytest.raises(ValueError, match=r"rollout: unknown budgets \['top_p'\]"):
+        SuiteConfig(rollout={"top_p": 1})
 
 
 def _records(ems: list[float]) -> list[dict]:

@@ -19,7 +19,8 @@ from kunlunlab.retrieval.sharded import ShardedBuildConfig, build_sharded
 from kunlunlab.retrieval.store import CORPUS, MANIFEST_KEYS, load_retriever, read_manifest, save_retriever
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARD_ROWS = 400  # 1500 passages: shards of 400, 400, 400, 300 (the last one short)
+PASSAGES = 900    # the world's first 900 passages (each sharded build encodes its corpus again)
+SHARD_ROWS = 250  # shards of 250, 250, 250, 150 (the last one short)
 CLUSTER = IndexConfig(kind="cluster", cluster=ClusterConfig(seed=3))
 
 
@@ -27,7 +28,7 @@ CLUSTER = IndexConfig(kind="cluster", cluster=ClusterConfig(seed=3))
 def corpus_file(world, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "world.jsonl"
     with path.open("w", encoding="utf-8") as fh:
-        for p in world.passages:  # FlashRAG layout, as a user's corpus arrives
+        for p in world.passages[:PASSAGES]:  # FlashRAG layout, as a user's corpus arrives
             fh.write(json.dumps({"id": p.id, "contents": p.contents}) + "\n")
     return path
 
@@ -35,7 +36,8 @@ def corpus_file(world, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def in_process(world, encoder, vectors, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("inprocess")
-    save_retriever(build_retriever(world.passages, CLUSTER, encoder=encoder, vectors=vectors), folder)
+    save_retriever(build_retriever(world.passages[:PASSAGES], CLUSTER, encoder=encoder, vectors=vectors[:PASSAGES]),
+                   folder)
     return folder
 
 
