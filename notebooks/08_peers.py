@@ -31,6 +31,8 @@
 # Parameters (papermill overrides these)
 config = "experiments/configs/training/train_embedded_cpu.json"   # the kunlun recipe (relative to the repository root)
 peers = ["search_r1", "research", "r1_searcher"]   # recipes experiments/configs/training/peers/<name>.json
+base_model = None         # the model every arm starts from and the baselines run on (hub id or path); None: the
+                          # recipes' own (the embedded SmolLM2-135M-Instruct)
 grpo = False              # the kunlun recipe with GRPO in place of DAPO, from the kunlun arm's SFT checkpoint (off at
                           # make run's size, to keep the series in its hour; series_goal_sizes.json turns it on)
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
@@ -69,6 +71,8 @@ run_dir = notebook_run_dir(run_dir, "08_peers")
 n_resamples = 200 if smoke else 2000
 # the shared budget; the test suite's run keeps run_config's smoke sizes (a budget would override them)
 shared = {"device": device, "eval.before": False, "summary_share": 0.0} if smoke else {**budget, "device": device}
+if base_model is not None:
+    shared["model"] = base_model
 print("run folder:", run_dir)
 
 

@@ -29,6 +29,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A tiny random model with the embedded tokenizer, saved as a folder any ``model`` parameter takes
+    (tests/tiny_training.py): for the tests of what a run does, which need a model that generates fast."""
+    from tiny_training import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_model"))
+
+
 @pytest.fixture(scope="module")
 def module_scratch(tmp_path_factory):
     """Makes folders for a module's shared fixtures and removes them when the module ends: a training run writes

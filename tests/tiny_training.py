@@ -1,15 +1,28 @@
 """Shared helpers of the trainer tests: a tiny randomly initialised Llama on the embedded tokenizer's vocabulary
 (seconds per step on CPU) and a callback that keeps each optimizer step's gradients."""
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 
-def tiny_llama(tokenizer, seed: int = 0):
+def tiny_llama(tokenizer, seed: int = 0, max_positions: int = 256):
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=True)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     return LlamaForCausalLM(config)
+
+
+def save_tiny_llama(folder) -> str:
+    """A tiny random Llama with the embedded model's tokenizer and chat template, saved as a model folder that any
+    ``model`` parameter takes: for the tests of what a run does (stages, checkpoints, resuming), which need a
+    model that generates fast, not one that answers (it emits random tokens up to every budget)."""
+    from kunlunlab.models import resolve_llm
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_llm(None))
+    tiny_llama(tokenizer, max_positions=8192).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
 
 
 class KeepGradients(TrainerCallback):

@@ -55,6 +55,15 @@ def main(argv: list[str]) -> int:
     print("## Table 2 (EM %)\n")
     print("\n".join(markdown_table(header, rows)))
     out = {"table2": {"header": header, "rows": rows}}
+    # every trained arm against kunlun, one by one (Table 2 shows the difference to the best peer only)
+    for dataset in FILES:
+        arms = {a: records[dataset][a] for a in ("kunlun", *peers) if a in records[dataset]}
+        if "kunlun" not in arms or len(arms) < 2:
+            continue
+        h, r = ablation_table(arms, "kunlun", n_resamples=10_000, seed=0)
+        print(f"\n## The trained arms against kunlun ({dataset}, n = {len(arms['kunlun'])} paired questions)\n")
+        print("\n".join(markdown_table(h, r)))
+        out[f"arms_vs_kunlun {dataset}"] = {"header": h, "rows": r}
     # the kunlun recipe with DAPO against GRPO where clip-higher can bind (4 updates per rollout batch, lr 1e-4; at
     # Table 2's 2 updates and lr 2e-5 the ratio never left [1 - ε, 1 + ε_high] upwards), both from kunlun's SFT
     # checkpoint; Table 2's own DAPO arm's clip ratios are listed beside them

@@ -7,5 +7,5 @@ from notebook_smoke import FIRST_STUDY, check_smoke_run
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in notebooks() if p.stem >= FIRST_STUDY], ids=lambda p: p.stem)
-def test_notebook_runs_headless(path, tmp_path):
-    check_smoke_run(path, tmp_path)
+def test_notebook_runs_headless(path, tmp_path, tiny_model):
+    check_smoke_run(path, tmp_path, tiny_model)

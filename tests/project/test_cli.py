@@ -123,7 +123,8 @@ def test_eval_without_out_writes_a_new_run_folder(tmp_path, monkeypatch, capsys)
 
     original = paths.new_run_dir
     monkeypatch.setattr(paths, "new_run_dir", lambda base=None, name=None: original(tmp_path, name))
-    assert main(["eval", "--dataset", "world", "--method", "naive_gen", "--limit", "1", "--index-kind", "bm25"]) == 0
+    assert main(["eval", "--dataset", "world", "--method", "naive_gen", "--limit", "1", "--index-kind", "bm25",
+                 "--set", "rollout.max_turn_tokens=16"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     summary = json.loads(lines[-1])
     records = tmp_path.glob("eval-world-naive_gen-*/records.jsonl")

@@ -62,11 +62,12 @@ def _searched(path) -> int:
 
 
 @pytest.fixture(scope="module")
-def trained(service, data_dir, module_scratch):
-    """The run, stage by stage, with the service's queries counted per stage."""
+def trained(service, data_dir, module_scratch, tiny_model):
+    """The run, stage by stage, with the service's queries counted per stage: on a tiny random model (what a run
+    does, not what it learns)."""
     url, counter = service
     tmp_path = module_scratch("service_run")
-    cfg = load_config(None, _overrides(url, data_dir))
+    cfg = load_config(None, {**_overrides(url, data_dir), "model": tiny_model})
     before = passages_embedded()
     run = TrainingRun(cfg, tmp_path)
     queries = {}
@@ -100,9 +101,9 @@ def test_every_stage_searches_the_service_and_nothing_is_embedded_here(trained):
     assert trained["embedded"] == 0  # the service's corpus was embedded before training, never here
 
 
-def test_lora_stages_leave_whole_models_with_the_adapter_merged(trained):
+def test_lora_stages_leave_whole_models_with_the_adapter_merged(trained, tiny_model):
     run_dir = trained["dir"]
-    base, _ = load_llm()
+    base, _ = load_llm(tiny_model)
     base_params = dict(base.named_parameters())
     for stage in ("sft", "dapo"):
         final = run_dir / stage / "final"

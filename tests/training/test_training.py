@@ -86,11 +86,11 @@ def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, question
     assert changed > 0, "the optimizer step must move the weights"
 
 
-def _sft_setup(world, questions, bm25):
+def _sft_setup(world, questions, bm25, model_path):
     from kunlunlab.models import load_llm
     from kunlunlab.training.sft import freeze_for_sft, sft_dataset
 
-    model, tok = load_llm()
+    model, tok = load_llm(model_path)
     freeze_for_sft(model, 2)
     builder = TrajectoryBuilder(bm25.search, world.passages, MixingConfig(rdra_background=False),
                                 top_k=1, max_result_chars=120)
@@ -99,19 +99,20 @@ def _sft_setup(world, questions, bm25):
 
 
 @pytest.mark.slow
-def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25, tmp_path):
+def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25, tmp_path, tiny_model):
     from kunlunlab.training.sft import run_sft
 
-    cfg = SFTStageConfig(batch_size=2, max_steps=4, save_steps=2, learning_rate=1e-4, train_layers=2)
-    model, tok, dataset = _sft_setup(world, questions, bm25)
+    cfg = SFTStageConfig(batch_size=2, max_steps=4, save_steps=2, learning_rate=1e-3, train_layers=2)
+    # resuming is the trainer's doing: a tiny random model (conftest.py) shows it, fast
+    model, tok, dataset = _sft_setup(world, questions, bm25, tiny_model)
     straight = run_sft(model, tok, dataset, cfg, tmp_path / "straight")
     reference = {n: p.detach().clone() for n, p in model.named_parameters()}
 
-    model, tok, dataset = _sft_setup(world, questions, bm25)
+    model, tok, dataset = _sft_setup(world, questions, bm25, tiny_model)
     with pytest.raises(Interrupt):
         run_sft(model, tok, dataset, cfg, tmp_path / "killed", callbacks=[InterruptAt(3)])
     assert (tmp_path / "killed" / "checkpoint-2").is_dir() and not (tmp_path / "killed" / "checkpoint-4").exists()
-    model, tok, dataset = _sft_setup(world, questions, bm25)  # a new process: fresh weights, resumed from disk
+    model, tok, dataset = _sft_setup(world, questions, bm25, tiny_model)  # a new process: fresh weights, resumed from disk
     resumed = run_sft(model, tok, dataset, cfg, tmp_path / "killed")
     assert resumed.state.global_step == 4
     losses = lambda t: [round(r["loss"], 5) for r in t.state.log_history if "loss" in r]
@@ -121,11 +122,13 @@ def test_sft_resumes_after_interruption_with_nothing_lost(world, questions, bm25
 
 
 @pytest.mark.slow
-def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch, capsys):
+def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch, capsys, tiny_model):
     from kunlunlab.training.pipeline import SMOKE_OVERRIDES, train
 
+    # what a run does, not what it learns: a tiny random model (conftest.py) generates fast to every budget
     # the long-answer evaluation too (the smoke size leaves it out)
-    overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False, "eval.summary_questions": 1}
+    overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False, "eval.summary_questions": 1,
+                 "model": tiny_model}
     cfg = load_config("experiments/configs/training/train_embedded_cpu.json", overrides)
     with pytest.raises(Interrupt):
         train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2)])
@@ -137,7 +140,8 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     from kunlunlab.cli import main
 
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
-                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1"]) == 0
+                 "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1",
+                 f"model={tiny_model}"]) == 0
     summary = json.loads((tmp_path / "training_summary.json").read_text())
     for key in ("em_before", "em_after", "f1_before", "f1_after", "format_compliance_before",
                 "format_compliance_after", "steps", "seconds"):
@@ -153,7 +157,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     capsys.readouterr()
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
                  "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1",
-                 "sft.learning_rate=1e-4"]) == 2
+                 f"model={tiny_model}", "sft.learning_rate=1e-4"]) == 2
     assert "holds a training run of another config (differs in ['sft']" in capsys.readouterr().err  # bad input: exit 2
     assert (tmp_path / "train_config.json").read_text() == saved
 
