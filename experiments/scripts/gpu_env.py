@@ -59,7 +59,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 # recipe end to end: SFT, DAPO, evaluations): the stages' arguments, DPO, the micro-batched SFT and DAPO, TRL's CPU
 # head switch and the two-process run with its generation server; and the GPU check's own tests, on that check's report
 TRAINING_TESTS = ("tests/training/test_gpu_check.py", "tests/training/test_compat.py",
-                  "tests/training/test_dpo_stage.py", "tests/training/test_sft_micro_batch.py", "tests/training/test_dapo_geometry.py",
+                  "tests/training/test_dpo_stage.py", "tests/training/test_sft_micro_batch.py",
+                  "tests/training/test_dapo_geometry.py",
                   "tests/training/test_trl_cpu.py", "tests/training/test_multiprocess_training.py")
 TWO_PROCESS_TESTS = tuple(t for t in TRAINING_TESTS if "multiprocess" in t)
 PARALLEL_TESTS = tuple(t for t in TRAINING_TESTS if t not in TWO_PROCESS_TESTS)

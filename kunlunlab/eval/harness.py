@@ -503,6 +503,20 @@ def _records(n: int) -> str:
     return f"{n} record" + ("s" if n != 1 else "")
 
 
+def saved_identity(out: str | Path) -> dict | None:
+    """The evaluation identity the sidecar of records file ``out`` saved (``{}`` when it holds none); None when there
+    is no sidecar. An unreadable one raises :class:`RecordsConflict`."""
+    sidecar = records_config_path(out)
+    if not sidecar.is_file():
+        return None
+    try:
+        saved = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise RecordsConflict(f"{sidecar} is not readable JSON ({err})") from err
+    identity = saved.get("identity") if isinstance(saved, dict) else None
+    return identity if isinstance(identity, dict) else {}
+
+
 def kept_records(config: EvalConfig, out: str | Path, examples: list[QAExample],
                  retriever=None) -> tuple[list[dict], int]:
     """(the records of ``out`` that a rerun of ``config`` over ``examples`` keeps, the bytes they take): the
@@ -512,20 +526,18 @@ def kept_records(config: EvalConfig, out: str | Path, examples: list[QAExample],
     records, size = read_records(out)
     if not records:
         return [], 0
-    sidecar = records_config_path(out)
     hint = f"pass another --out, or delete {out} to start over"
-    if not sidecar.is_file():
-        raise RecordsConflict(f"{out} holds {_records(len(records))} but no {sidecar.name} saying what they measure "
-                              f"(an older version's or a non-resumable run's file); {hint}")
     try:
-        saved = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RecordsConflict(f"{sidecar} is not readable JSON ({err}); {hint}") from err
+        saved = saved_identity(out)
+    except RecordsConflict as err:
+        raise RecordsConflict(f"{err}; {hint}") from err
+    if saved is None:
+        raise RecordsConflict(f"{out} holds {_records(len(records))} but no {records_config_path(out).name} saying what "
+                              f"they measure (an older version's or a non-resumable run's file); {hint}")
     wanted = evaluation_identity(config, retriever)
-    if not isinstance(saved, dict) or saved.get("identity") != wanted:
-        saved_identity = saved.get("identity") if isinstance(saved, dict) else None
-        what = _differences(saved_identity if isinstance(saved_identity, dict) else {}, wanted)
-        raise RecordsConflict(f"{out} holds {_records(len(records))} of another evaluation config ({what}); {hint}")
+    if saved != wanted:
+        raise RecordsConflict(f"{out} holds {_records(len(records))} of another evaluation config "
+                              f"({_differences(saved, wanted)}); {hint}")
     ids = [r["id"] for r in records]
     expected = [ex.id for ex in examples[:len(records)]]
     if ids != expected:
@@ -541,16 +553,12 @@ def records_of_same_evaluation(config: EvalConfig, source: str | Path, examples:
     aside), in ``examples``' order; None when its sidecar shows another configuration (anything but ``limit`` differing) or a
     question is missing or differs. Notebook 08 reuses notebook 06's prompt baselines this way."""
     records, _ = read_records(source)
-    sidecar = records_config_path(source)
-    if not records or not sidecar.is_file():
+    try:  # an unreadable sidecar vouches for nothing: the questions are answered again
+        saved = saved_identity(source) if records else None
+    except RecordsConflict:
         return None
-    try:  # kept_records reads the same sidecar; here an unreadable one vouches for nothing: answered again
-        saved = json.loads(sidecar.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    saved = saved.get("identity") if isinstance(saved, dict) else None
     wanted = evaluation_identity(config)
-    if not isinstance(saved, dict) or {**saved, "limit": None} != {**wanted, "limit": None}:
+    if saved is None or {**saved, "limit": None} != {**wanted, "limit": None}:
         return None
     by_id = {r["id"]: r for r in records}
     chosen = [by_id.get(ex.id) for ex in examples]

@@ -42,7 +42,7 @@ from kunlunlab.agent.methods import METHODS, PROMPT_BASELINES
 from kunlunlab.agent.nlr import network_tier
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
-from kunlunlab.configs import choice, non_negative, positive
+from kunlunlab.configs import build_dataclass, choice, non_negative, positive
 from kunlunlab.data.loaders import load_benchmark, load_corpus
 from kunlunlab.data.splits import load_splits
 from kunlunlab.eval.compare import ablation_table, table2
@@ -228,9 +228,9 @@ def suite_eval_config(cfg: SuiteConfig):
     given = {"method": cfg.method, "judge": cfg.judge, "judge_url": cfg.judge_url, "batch_size": cfg.batch_size,
              "seed": cfg.seed}
     given.update((k, getattr(cfg, k)) for k in ("index_kind", "embedder") if getattr(cfg, k) is not None)
-    if cfg.model:
-        return EvalConfig.for_checkpoint(cfg.model, **given, **({"rollout": dict(cfg.rollout)} if cfg.rollout else {}))
-    return EvalConfig(**given, rollout=RolloutConfig(**cfg.rollout))
+    if cfg.rollout:  # only the budgets it names: the checkpoint's others stay
+        given["rollout"] = dict(cfg.rollout)
+    return EvalConfig.for_checkpoint(cfg.model, **given) if cfg.model else build_dataclass(EvalConfig, given, "suite")
 
 
 SUITE_CONFIG_FILE = "suite_config.json"

@@ -15,6 +15,8 @@ import pytest
 
 from kunlunlab.paths import PROJECT_ROOT
 
+pytestmark = pytest.mark.slow
+
 # the report of a check already run in this environment (gpu_env.py): its stdout lies beside its folder
 REPORT_ENV = "KUNLUNLAB_GPU_CHECK_REPORT"
 
@@ -34,7 +36,6 @@ def check(tmp_path_factory):
     return folder, json.loads(out.read_text()), done.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_every_part_reports_numbers_and_the_json_is_the_last_line(check):
     folder, report, stdout = check
@@ -47,7 +48,6 @@ def test_every_part_reports_numbers_and_the_json_is_the_last_line(check):
     assert search["gpu"]["n"] == search["cpu"]["n"] == 20000
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_only_the_json_and_the_log_are_written_beside_it(check):
     """A device call brings back 8 files of 16 MiB at most: the DAPO checkpoint and the end-to-end run go to /tmp."""
@@ -56,7 +56,6 @@ def test_only_the_json_and_the_log_are_written_beside_it(check):
     assert "$ kunlunlab train" in (folder / "gpu_check.log").read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_generation_compares_the_engine_s_greedy_tokens_with_generate_s(check):
     gen = check[1]["generation"]
@@ -66,7 +65,6 @@ def test_generation_compares_the_engine_s_greedy_tokens_with_generate_s(check):
     assert gen["generate_batch_vs_single_shared_prefix"] == 1.0
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_the_float32_agreement_pads_prompts_of_different_lengths_and_matches_generate_alone(check):
     agree = check[1]["agreement_fp32"]
@@ -75,7 +73,6 @@ def test_the_float32_agreement_pads_prompts_of_different_lengths_and_matches_gen
     assert agree["padded_generate_vs_single_generate"] == {"rows_identical": 1.0, "shared_prefix": 1.0}
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_training_parts_train_what_they_should(check):
     report = check[1]
@@ -84,7 +81,6 @@ def test_training_parts_train_what_they_should(check):
     assert report["dapo_step"]["steps"] == 1 and report["dapo_step"]["sequences"] == 4
 
 
-@pytest.mark.slow
 @pytest.mark.gpuenv
 def test_the_end_to_end_run_trains_with_the_lora_recipe_and_evaluates_before_and_after(check):
     e2e = check[1]["end_to_end"]
@@ -97,7 +93,6 @@ def test_the_end_to_end_run_trains_with_the_lora_recipe_and_evaluates_before_and
     assert evaluate["n"] == 4
 
 
-@pytest.mark.slow
 def test_the_gpu_check_says_so_in_one_line_when_there_is_no_gpu(tmp_path):
     import torch
 
