@@ -260,8 +260,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import re
 
     from kunlunlab.agent.errors import GenerationServiceError
-    from kunlunlab.eval.harness import (EvalRetrievalError, RecordsConflict, evaluate, kept_records, load_data,
-                                        make_backend, make_judge_backend, open_eval_retriever, read_records)
+    from kunlunlab.eval.harness import (EvalRetrievalError, evaluate, load_data, make_backend, make_judge_backend,
+                                        open_eval_retriever)
+    from kunlunlab.eval.records import RecordsConflict, kept_records, read_records
     from kunlunlab.models import ModelNotAvailableError
     from kunlunlab.paths import new_run_dir
     from kunlunlab.retrieval.encoder import passages_embedded

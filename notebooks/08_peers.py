@@ -59,7 +59,8 @@ from IPython.display import HTML, display
 
 from kunlunlab.eval.compare import table2
 from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir, read_jsonl
-from kunlunlab.training.pipeline import evaluate_baselines, run_config, train
+from kunlunlab.training.evaluation import evaluate_baselines
+from kunlunlab.training.pipeline import run_config, train
 from kunlunlab.training.records import compare_runs, heldout_records, training_logs
 from kunlunlab.viz import clip_ratio_figure, save_figure, table_html
 

@@ -1,5 +1,5 @@
 """Table 2's prompt baselines on the untrained backbone, on the kunlun arm's held-out world questions with its
-agent settings (budgets, top-k, index), as notebook 08 runs them (``kunlunlab.training.pipeline.evaluate_baselines``),
+agent settings (budgets, top-k, index), as notebook 08 runs them (``kunlunlab.training.evaluation.evaluate_baselines``),
 into ``<out>/records/world.<method>.jsonl`` (where experiments/scripts/table2_report.py reads a suite's records). Used
 by issue 43's measured run in place of ``kunlunlab suite``, which would first evaluate the kunlun checkpoint again
 (25 minutes of a 2-core budget).
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from kunlunlab.agent.methods import PROMPT_BASELINES
-from kunlunlab.training.pipeline import evaluate_baselines, run_config
+from kunlunlab.training.evaluation import evaluate_baselines
+from kunlunlab.training.pipeline import run_config
 
 
 def main(argv: list[str]) -> int:

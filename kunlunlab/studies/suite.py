@@ -46,8 +46,8 @@ from kunlunlab.configs import build_dataclass, choice, non_negative, positive
 from kunlunlab.data.loaders import load_benchmark, load_corpus
 from kunlunlab.data.splits import load_splits
 from kunlunlab.eval.compare import ablation_table, table2
-from kunlunlab.eval.harness import (ENDPOINT_FIELDS, EvalConfig, RecordsConflict, evaluate, make_judge_backend,
-                                    read_records, resolve_corpus)
+from kunlunlab.eval.harness import EvalConfig, evaluate, make_judge_backend, resolve_corpus
+from kunlunlab.eval.records import ENDPOINT_FIELDS, RecordsConflict, read_records
 from kunlunlab.models import release_host_memory
 from kunlunlab.paths import PROJECT_ROOT, shared_data_dir
 from kunlunlab.retrieval.retriever import INDEX_KINDS

@@ -9,11 +9,11 @@ STIE, and the evaluation runs ``kunlun``; ``agent.method = "agent"`` trains the 
 alone (the ablation; its SFT data leaves the whole agent's parts out with ``mixing.rdra_background=false
 mixing.plan_samples=0 mixing.stie_feedback_share=0``, as the kept plain-agent runs set). Evaluation runs
 the same inference pipeline (``kunlunlab.eval.harness.evaluate``, method ``eval.method``) on held-out
-synthetic questions that training never saw and on the held-out half of the HotpotQA distractor sample.
-Every finished model folder carries ``kunlunlab_agent.json``, the whole agent configuration it was trained
-with (:func:`agent_settings`), which ``kunlunlab eval --model <folder>`` applies. Every stage is resumable:
-a finished stage leaves ``<stage>/final`` and a line in ``state.json``; an interrupted one continues from
-its last Trainer checkpoint.
+synthetic questions that training never saw and on the held-out half of the HotpotQA distractor sample
+(:mod:`kunlunlab.training.evaluation`). Every finished model folder carries ``kunlunlab_agent.json``, the whole
+agent configuration it was trained with (:func:`~kunlunlab.training.evaluation.agent_settings`), which
+``kunlunlab eval --model <folder>`` applies. Every stage is resumable: a finished stage leaves ``<stage>/final``
+and a line in ``state.json``; an interrupted one continues from its last Trainer checkpoint.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -36,9 +35,7 @@ from kunlunlab.agent.rdra import rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
-from kunlunlab.eval.harness import (AGENT_SETTINGS_FILE, EvalConfig, RecordWriter, apply_agent_settings, evaluate,
-                                    evaluation_identity, read_records, records_of_same_evaluation)
-from kunlunlab.eval.metrics import summarize
+from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
 from kunlunlab.models import load_llm, release_host_memory, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval.factory import open_retriever
@@ -46,14 +43,14 @@ from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.retrieval.store import load_retriever, save_retriever
 from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
                                        load_config)
-from kunlunlab.training.dapo import SearchRollout, gather_across, rl_dataset, run_dapo
+from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 from kunlunlab.training.dpo import run_dpo
+from kunlunlab.training.evaluation import agent_settings, heldout_evaluation
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
 from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, data_stats, mix, schedule
 from kunlunlab.training.preferences import collect_preferences, read_preferences
 from kunlunlab.training.peer_data import render_all
 from kunlunlab.training.records import build_summary, write_log
-from kunlunlab.training.rewards import format_compliant, parse_completion
 from kunlunlab.training.sft import freeze_for_sft, run_sft, sft_dataset
 
 log = logging.getLogger(__name__)
@@ -105,111 +102,6 @@ def rl_prompt_pool(cfg: TrainConfig, data: TrainingData) -> list:
     if n_real < len(real):
         return world + real[:n_real]
     return world[:round(len(real) * (1.0 - share) / share)] + real
-
-
-def _format_compliance(records: list[dict], protocol: str = "search_think") -> float | None:
-    """The share of trajectories that follow the agent's protocol end to end: this project's check for the
-    search-think protocol, a peer's own format check for its protocol (the completion after the assistant prefix)."""
-    texts = [r["trajectory"].get("text") for r in records if isinstance(r.get("trajectory"), dict)]
-    texts = [t for t in texts if t is not None]
-    if not texts:
-        return None
-    if protocol == "search_think":
-        return round(sum(format_compliant(parse_completion(t)) for t in texts) / len(texts), 4)
-    peer = get_protocol(protocol)
-    return round(sum(peer.format_ok(t[len(peer.assistant_prefix):] if t.startswith(peer.assistant_prefix) else t)
-                     for t in texts) / len(texts), 4)
-
-
-def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path,
-                   share: tuple[int, int] = (0, 1), retrieval=None) -> dict:
-    """EM / F1 / format compliance of the current model with the evaluation pipeline, on the model's own device.
-    ``share``: (process index, processes) under ``accelerate launch``: every process evaluates every
-    ``processes``-th question and the records are gathered (a collective: every process calls it), so a GPU
-    run's evaluation is spread over the GPUs instead of running on one while the others wait. The main process
-    writes ``out`` (records in question order); every process returns the same summary. ``retrieval`` (a
-    configured :class:`~kunlunlab.training.config.RetrievalSource`): the searches go to its service or saved
-    index instead of an index over ``passages``."""
-    if not examples:
-        return {}
-    rank, processes = share
-    model.eval()
-    backend = TransformersBackend(model=model, tokenizer=tokenizer, dtype=cfg.inference_dtype)
-    backend.name = cfg.model or "smollm2-135m-instruct"
-    shard = examples[rank::processes]  # empty on a process past the last question: it still joins the gather
-    remote = retrieval is not None and retrieval.configured
-    out = Path(out)
-    shard_out = out if processes == 1 else out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
-    records, summary = [], {"wall_seconds": 0.0}
-    if shard:
-        # the world's index kind and embedder stay explicit: with a service or saved index (the real data's) the
-        # checkpoint settings leave them out, and the service is still checked against the run's embedder
-        ec = apply_agent_settings(EvalConfig(dataset=dataset, limit=len(shard), judge=None, index_kind=cfg.index_kind,
-                                             embedder=cfg.embedder, batch_size=cfg.eval.batch_size,
-                                             seed=cfg.world_seed, retriever_url=retrieval.url if remote else None,
-                                             index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
-        summary = evaluate(ec, shard_out, backend=backend, examples=shard, passages=None if remote else passages,
-                           progress=rank == 0)
-        records = [json.loads(line) for line in shard_out.read_text().splitlines()]
-    if processes > 1:
-        parts = gather_across([(records, summary["wall_seconds"])], processes)
-        order = {ex.id: i for i, ex in enumerate(examples)}
-        records = sorted((r for part, _ in parts for r in part), key=lambda r: order[r["id"]])
-        shard_out.unlink(missing_ok=True)
-        if rank == 0:
-            write_log(out, records)
-        summary = {**summarize(records), "wall_seconds": max(seconds for _, seconds in parts)}
-    return {"n": summary["n"], "em": summary["em"], "f1": summary["f1"], "acc": summary["acc"],
-            "em_tagged": summary.get("em_tagged"), "em_fallback": summary.get("em_fallback"),
-            "n_tagged": summary.get("n_tagged"), "n_fallback": summary.get("n_fallback"),
-            "format_compliance": _format_compliance(records, cfg.agent.protocol),
-            "searches": summary["searches_per_question"],
-            "agent_searches": summary.get("agent_searches_per_question"),
-            "long_share": summary.get("long_share"), "fact_coverage": summary.get("fact_coverage"),
-            "seconds": summary["wall_seconds"]}
-
-
-def agent_settings(cfg: TrainConfig) -> dict:
-    """The whole agent configuration a checkpoint was trained for: method, RDRA and STIE as configured, the
-    retrieval (index kind, embedder, passages per search and their length) and the evaluation's budgets.
-    Written beside its weights as ``kunlunlab_agent.json``; ``kunlunlab eval``, ``kunlunlab suite`` and
-    notebooks 05-07 apply it wherever they are not told otherwise, so a checkpoint is evaluated as trained."""
-    return {"method": cfg.eval.method, "index_kind": cfg.index_kind, "embedder": cfg.embedder,
-            "top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars,
-            "max_turn_tokens": cfg.eval.max_turn_tokens, "max_total_tokens": cfg.eval.max_total_tokens,
-            "max_searches": 8, "use_rdra": cfg.eval.method == "kunlun", "use_stie": cfg.eval.method == "kunlun",
-            "rdra": asdict(cfg.agent.rdra), "stie": asdict(cfg.agent.stie)}
-
-
-def evaluate_baselines(cfg: TrainConfig, methods, out_dir: Path, progress=print,
-                       reuse: Path | None = None) -> dict[str, dict]:
-    """Table 2's prompt baselines as the paper runs them: on ``cfg.model``, the backbone a recipe starts from (None:
-    the embedded SmolLM2-135M-Instruct, untrained), on the recipe's held-out world questions with its agent settings
-    (budgets, top-k, index), so each baseline answers exactly what the trained arms answered. Records go to
-    ``<out_dir>/world.<method>.jsonl`` and resume where a run stopped; returns each method's summary. ``reuse``: a
-    folder of ``world.<method>.jsonl`` records of the same evaluation over more questions (notebook 06's, when its
-    settings are the arms'): the arms' questions are taken from there instead of answered again
-    (:func:`~kunlunlab.eval.harness.records_of_same_evaluation`)."""
-    held = load_splits(cfg.splits())
-    backend = TransformersBackend(cfg.model, device=cfg.device)
-    settings = agent_settings(cfg)
-    summaries = {}
-    for method in methods:
-        eval_cfg = apply_agent_settings(EvalConfig(dataset="world", limit=len(held.heldout), judge=None,
-                                                   index_kind=cfg.index_kind, embedder=cfg.embedder,
-                                                   batch_size=cfg.eval.batch_size, seed=cfg.world_seed),
-                                        {**settings, "method": method})
-        out = Path(out_dir) / f"world.{method}.jsonl"
-        kept = records_of_same_evaluation(eval_cfg, Path(reuse) / out.name, held.heldout) if reuse else None
-        if kept is not None and not read_records(out)[0]:  # evaluate() below reads them back as finished
-            writer = RecordWriter(out, evaluation_identity(eval_cfg), append=False)
-            writer.write([json.dumps(r) for r in kept])
-            writer.finish()
-            progress(f"{method}: {len(kept)} records reused from {Path(reuse) / out.name}")
-        summaries[method] = evaluate(eval_cfg, out, backend=backend,
-                                     examples=held.heldout, passages=held.passages, resume=True)
-        progress(f"{method}: EM {summaries[method]['em']}")
-    return summaries
 
 
 class RunState:
@@ -365,20 +257,8 @@ class TrainingRun:
             return cached
         t0 = time.perf_counter()
         self._reset_peak()
-        data, out = self.data, self.run_dir
-        share = _process_share()  # under accelerate every process evaluates its share of the questions
-        result = {"world": evaluate_model(self.model, self.tok, self.cfg, data.heldout, data.passages, "world",
-                                          out / f"eval_{tag}_world.jsonl", share)}
-        if data.hotpot_heldout:
-            result["hotpotqa_distractor"] = evaluate_model(self.model, self.tok, self.cfg, data.hotpot_heldout,
-                                                           data.hotpot_passages, "hotpotqa_distractor",
-                                                           out / f"eval_{tag}_hotpot.jsonl", share, self.cfg.retrieval)
-        if data.heldout_summary:  # the long-answer mode: which mode the model picks, and its summaries' coverage
-            result["world_summary"] = evaluate_model(self.model, self.tok, self.cfg, data.heldout_summary, data.passages,
-                                                     "world", out / f"eval_{tag}_summary.jsonl", share)
-        if data.rl_heldout and (self.cfg.retrieval.configured or data.rl_passages):  # else there is no corpus
-            result["rl_heldout"] = evaluate_model(self.model, self.tok, self.cfg, data.rl_heldout, data.rl_passages or None,
-                                                  "rl_heldout", out / f"eval_{tag}_rl.jsonl", share, self.cfg.retrieval)
+        # under accelerate every process evaluates its share of the questions
+        result = heldout_evaluation(self.model, self.tok, self.cfg, self.data, self.run_dir, tag, _process_share())
         result["seconds"] = round(time.perf_counter() - t0, 1)
         self._record_peak(f"eval_{tag}")
         release_host_memory()  # the rollouts' caches, before the next stage allocates its own
@@ -685,4 +565,4 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 __all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "mix_training_data",
-           "run_config", "TrainingRun", "agent_settings", "evaluate_baselines", "evaluate_model", "trained_model", "train"]
+           "run_config", "TrainingRun", "trained_model", "train"]

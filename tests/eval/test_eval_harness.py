@@ -278,7 +278,7 @@ def test_a_checkpoint_written_before_the_whole_configuration_was_carried_still_l
 
 def test_checkpoint_settings_written_by_training_round_trip(tmp_path):
     from kunlunlab.training.config import load_config
-    from kunlunlab.training.pipeline import agent_settings
+    from kunlunlab.training.evaluation import agent_settings
 
     cfg = load_config(None, {"index_kind": "bm25", "embedder": "intfloat/e5-base-v2", "top_k": 2,
                              "max_result_chars": 250, "agent.stie.delta1": 0.7, "agent.stie.max_rounds": 4,

@@ -23,8 +23,8 @@ from kunlunlab.agent.backends import Segment, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.cli import main
-from kunlunlab.eval.harness import (EvalConfig, EvalRetrievalError, RecordsConflict, evaluate, kept_records,
-                                    load_examples, records_config_path, records_of_same_evaluation)
+from kunlunlab.eval.harness import EvalConfig, EvalRetrievalError, evaluate, load_examples
+from kunlunlab.eval.records import RecordsConflict, kept_records, records_config_path, records_of_same_evaluation
 from kunlunlab.eval.judge import LLMJudge
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval import IndexConfig, build_retriever
