@@ -187,10 +187,12 @@ class DeviceFlatIndex(FlatIndex):
 
 class TorchFlatIndex(DeviceFlatIndex):
     """Exact inner-product search as a matrix product in torch: the corpus matrix on ``device`` in ``dtype``
-    (float16 or bfloat16 halve it: 21M x 768 is 32 GB), queries in batches of ``query_batch``, ``torch.topk``
-    over blocks of at most ``chunk_rows`` corpus rows, the blocks' candidates merged by another top-k; the
-    (scores, rows) of :class:`FlatIndex`, -1 rows where the corpus has fewer than k vectors. In float32 on
-    the CPU it finds FAISS's top-k; float16/bfloat16 scores can swap near ties."""
+    (float16 or bfloat16 halve it: 21M x 768 is 32 GB) in blocks of at most ``chunk_rows`` rows, queries in
+    batches of ``query_batch``, each batch's top-k in one pass over the blocks
+    (:func:`kunlunlab.retrieval.exact_topk.exact_top`); the (scores, rows) of :class:`FlatIndex`, -1 rows where
+    the corpus has fewer than k vectors. The top-k is exact for the vectors as stored: float32 scores of the
+    float32 queries with the stored vectors (in float32 on the CPU, FAISS's top-k); ``searched_again`` counts the
+    queries whose near-ties took the slower float32 fallback."""
 
     backend = "torch"
 
@@ -205,7 +207,14 @@ class TorchFlatIndex(DeviceFlatIndex):
         self.dtype = getattr(torch, dtype)
         self.query_batch, self.chunk_rows = query_batch, chunk_rows
         self.chunks: list = []
+        self.max_norm = 0.0  # of a stored vector: the scale of exact_top's rounding bound
+        self.searched_again = 0
         super().__init__(source, keep_host)
+
+    def _stored(self, chunk) -> None:
+        import torch  # deferred: the FAISS-only paths need no torch
+
+        self.max_norm = max(self.max_norm, float(torch.linalg.vector_norm(chunk, dim=1, dtype=torch.float32).max()))
 
     def _add_device(self, vectors: np.ndarray) -> None:
         import torch  # deferred: the FAISS-only paths need no torch
@@ -225,6 +234,8 @@ class TorchFlatIndex(DeviceFlatIndex):
                 self.chunks[-1] = torch.cat([last, chunk])
             else:
                 self.chunks.append(chunk)
+            if take:
+                self._stored(chunk)
             start += take
             self._n += take
 
@@ -238,32 +249,25 @@ class TorchFlatIndex(DeviceFlatIndex):
             self.index.add(np.ascontiguousarray(vectors.float().cpu().numpy()))
         for start in range(0, len(vectors), self.chunk_rows):
             self.chunks.append(vectors[start:start + self.chunk_rows].to(self.device, self.dtype))
+            self._stored(self.chunks[-1])
             self._n += len(self.chunks[-1])
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         import torch  # deferred: the FAISS-only paths need no torch
+
+        from kunlunlab.retrieval.exact_topk import exact_top  # deferred with torch
 
         q = _as_matrix(queries)
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         rows = np.full((len(q), k), -1, dtype=np.int64)
         if not self.chunks or not len(q):
             return scores, rows
-        kk = min(k, self._n)
-        with torch.inference_mode():
-            for s in range(0, len(q), self.query_batch):
-                batch = torch.from_numpy(np.array(q[s:s + self.query_batch])).to(self.device).to(self.dtype)
-                values, ids, offset = [], [], 0
-                for chunk in self.chunks:
-                    v, i = torch.topk(batch @ chunk.T, min(kk, chunk.shape[0]), dim=1)
-                    values.append(v.float())
-                    ids.append(i + offset)
-                    offset += chunk.shape[0]
-                v, i = torch.cat(values, dim=1), torch.cat(ids, dim=1)
-                if len(self.chunks) > 1:
-                    v, pick = torch.topk(v, kk, dim=1)
-                    i = torch.gather(i, 1, pick)
-                scores[s:s + len(batch), :kk] = v.cpu().numpy()
-                rows[s:s + len(batch), :kk] = i.cpu().numpy()
+        for s in range(0, len(q), self.query_batch):
+            batch = torch.from_numpy(np.array(q[s:s + self.query_batch])).to(self.device)
+            v, i, again = exact_top(batch, self.chunks, k, self.max_norm)
+            self.searched_again += again
+            scores[s:s + len(batch), :v.shape[1]] = v.cpu().numpy()
+            rows[s:s + len(batch), :v.shape[1]] = i.cpu().numpy()
         return scores, rows
 
     def bytes_per_vector(self) -> float:

@@ -1,13 +1,16 @@
-"""Exact search off FAISS's CPU path: the torch matrix-product index against FAISS IndexFlatIP and numpy, the
-index config that selects it, a saved index reloaded onto it, and the exact-search benchmark's command line."""
+"""Exact search off FAISS's CPU path: the torch matrix-product index against FAISS IndexFlatIP and numpy, exact in
+float16/bfloat16 storage against a brute-force float64 reference (near-ties below float16's resolution included),
+the index config that selects it, a saved index reloaded onto it, and the exact-search benchmark's command line."""
 import json
 
 import faiss
 import numpy as np
 import pytest
+import torch
 
 from kunlunlab.bench import main as bench_main
 from kunlunlab.retrieval import IndexConfig, TorchFlatIndex, build_retriever, load_retriever, save_retriever
+from kunlunlab.retrieval import exact_topk
 from kunlunlab.retrieval.indexes import FlatIndex, flat_backend, place_flat, resolve_device
 
 from conftest import exact_top
@@ -56,14 +59,75 @@ def test_float32_torch_search_is_faiss_flat_exactly_over_embedded_passages(vecto
     assert np.array_equal(rows, expected)
 
 
+def stored(vectors: np.ndarray, dtype: str) -> np.ndarray:
+    """The vectors as a half-precision index stores them, back in float64 (the brute-force reference's input)."""
+    return torch.from_numpy(vectors).to(getattr(torch, dtype)).double().numpy()
+
+
+def brute_force(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every inner product in float64, sorted: the reference top-k (rows, scores)."""
+    scores = queries.astype(np.float64) @ vectors.T
+    rows = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return rows, np.take_along_axis(scores, rows, 1)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_keeps_nearly_all_of_the_exact_top10(gaussian, dtype):
+def test_half_precision_search_is_the_exact_top10_of_the_stored_vectors(gaussian, dtype):
     vectors, queries = gaussian
-    _, expected = faiss_top(vectors, queries, 10)
-    _, rows = TorchFlatIndex(flat_with(vectors), device="cpu", dtype=dtype).search(queries, 10)
-    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, expected)])
-    assert overlap >= 0.9, overlap
-    assert (rows[:, 0] == expected[:, 0]).mean() >= 0.9  # the best passage is almost always the same
+    expected_rows, expected_scores = brute_force(stored(vectors, dtype), queries, 10)
+    index = TorchFlatIndex(flat_with(vectors), device="cpu", dtype=dtype, chunk_rows=2500)
+    scores, rows = index.search(queries, 10)
+    assert np.array_equal(rows, expected_rows)
+    assert np.allclose(scores, expected_scores, atol=1e-5)  # float32 scores, not the rounded ones
+    if dtype == "float16":  # random vectors have no near-ties: no query needed the float32 fallback
+        assert index.searched_again == 0
+
+
+@pytest.fixture(scope="module")
+def near_ties():
+    """Vectors and queries of whole multiples of 1/256 (float16 holds them exactly, and float32 sums them exactly):
+    30 near-copies of each query whose scores are 1/65536 apart (copy j lowers the query's component of 1/256 by
+    j + 1 steps), 1/64 of float16's spacing at their size (above 1), so float16 scores cannot order them; 4000
+    random vectors around them."""
+    rng = np.random.default_rng(7)
+    queries = rng.integers(-40, 41, (8, 256))
+    queries[:, 0] = 1
+    vectors = [rng.integers(-40, 41, (4000, 256))]
+    for q in queries:
+        copies = np.repeat(q[None, :], 30, 0)
+        copies[:, 0] -= np.arange(1, 31)
+        vectors.append(copies[rng.permutation(30)])
+    vectors = np.concatenate(vectors)
+    return (vectors / 256).astype(np.float32), (queries / 256).astype(np.float32)
+
+
+@pytest.mark.parametrize("group_rows,slack", [(256, 48), (16, 2)])
+def test_near_ties_below_float16_resolution_are_ordered_exactly(near_ties, group_rows, slack):
+    vectors, queries = near_ties
+    expected_rows, expected_scores = brute_force(vectors.astype(np.float64), queries, 10)
+    gaps = np.diff(-brute_force(vectors.astype(np.float64), queries, 11)[1], axis=1)
+    assert gaps.min() > 0 and expected_scores.min() > 1  # the premise: distinct scores where float16 steps by 2^-10
+    rounded = torch.from_numpy(queries).half() @ torch.from_numpy(vectors).half().T
+    assert not np.array_equal(torch.topk(rounded.float(), 10).indices.numpy(), expected_rows)  # rounded scores fail
+    blocks = [torch.from_numpy(vectors[i:i + 4015]).half() for i in range(0, len(vectors), 4015)]  # copies on both sides
+    scores, rows, again = exact_topk.exact_top(torch.from_numpy(queries), blocks, 10,
+                                               float(np.linalg.norm(vectors, axis=1).max()),
+                                               exact_topk.TopKSettings(group_rows=group_rows, slack=slack))
+    assert np.array_equal(rows.numpy(), expected_rows)
+    assert np.array_equal(scores.numpy(), expected_scores.astype(np.float32))  # exact sums of 1/65536 steps
+    assert (again > 0) == (slack == 2)  # 30 near-copies: 2 spare candidates cannot prove them, 48 can
+
+
+def test_duplicates_beyond_the_spare_candidates_take_the_fallback_and_stay_exact(gaussian):
+    vectors, queries = gaussian
+    best = vectors[brute_force(vectors, queries[:1], 1)[0][0, 0]]
+    corpus = np.concatenate([vectors, np.repeat(best[None, :], 100, 0)])  # 101 equal best scores
+    index = TorchFlatIndex(flat_with(corpus), device="cpu", dtype="float16")
+    scores, rows = index.search(queries[:1], 10)
+    reference = stored(corpus, "float16") @ queries[0].astype(np.float64)
+    assert index.searched_again == 1
+    assert np.allclose(scores[0], np.sort(reference)[::-1][:10], atol=1e-6)
+    assert np.allclose(reference[rows[0]], scores[0], atol=1e-6)  # each row scores what it is reported to
 
 
 def test_fewer_vectors_than_k_pads_with_minus_one_as_faiss_does(gaussian):
