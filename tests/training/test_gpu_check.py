@@ -15,6 +15,13 @@ import pytest
 
 from kunlunlab.paths import PROJECT_ROOT
 
+sys.path.insert(0, str(PROJECT_ROOT / "experiments/scripts"))
+import gpu_check  # noqa: E402
+from gpu_check_recipe import recipe_shape  # noqa: E402
+
+RECIPE = PROJECT_ROOT / "experiments/configs/training/train_qwen7b_lora_1gpu.json"
+MEASURED = PROJECT_ROOT / "experiments/results/gpu_check"
+
 pytestmark = pytest.mark.slow
 
 # the report of a check already run in this environment (gpu_env.py): its stdout lies beside its folder
@@ -46,6 +53,9 @@ def test_every_part_reports_numbers_and_the_json_is_the_last_line(check):
     search = report["exact_search"]
     assert search["gpu"]["backend"] == "torch" and search["cpu"]["backend"] == "faiss"
     assert search["gpu"]["n"] == search["cpu"]["n"] == 20000
+    # the float16 top-k of every query is the float64 brute force's over the stored vectors
+    assert search["exact"]["queries_not_exact"] == 0 and search["exact"]["queries"] == 64
+    assert search["gpu"]["read_gb_per_s"] > 0
 
 
 @pytest.mark.gpuenv
@@ -78,7 +88,69 @@ def test_training_parts_train_what_they_should(check):
     report = check[1]
     # LoRA trains a small fraction of what the full-parameter step trains
     assert 0 < report["lora_step"]["trainable_params"] < report["full_step"]["trainable_params"] / 100
-    assert report["dapo_step"]["steps"] == 1 and report["dapo_step"]["sequences"] == 4
+    assert report["lora_step"]["lora_r_trained"] == report["dapo_step"]["trl"]["lora_r"]
+
+
+def recipe_file_scaled(path: Path) -> dict:
+    """The numbers the training parts must run at, read here from the recipe's JSON and scaled by the rule
+    gpu_check_recipe states for --tiny (token counts / 64, LoRA rank and alpha / 16)."""
+    recipe = json.loads(path.read_text())
+    lora, dapo, sft = recipe["lora"], recipe["dapo"], recipe["sft"]
+    return {"lora_r": lora["r"] // 16, "lora_alpha": lora["alpha"] // 16, "micro_batch": dapo["micro_batch_size"],
+            "num_generations": dapo["num_generations"], "updates_per_generation": dapo["updates_per_generation"],
+            "max_turn_tokens": dapo["max_turn_tokens"] // 64, "max_total_tokens": dapo["max_total_tokens"] // 64,
+            "gradient_checkpointing": recipe["gradient_checkpointing"], "sft_micro_batch": sft["batch_size"],
+            "sft_max_length": sft["max_length"] // 64}
+
+
+@pytest.mark.gpuenv
+def test_the_training_parts_run_at_the_recipe_file_s_shape(check):
+    """The DAPO and LoRA parts' numbers come from the recipe file (scaled at --tiny), and TRL ran with them."""
+    expected = recipe_file_scaled(RECIPE)
+    dapo, lora = check[1]["dapo_step"], check[1]["lora_step"]
+    assert {k: dapo["shape"][k] for k in expected} == expected
+    assert dapo["trl"]["per_device_train_batch_size"] == expected["micro_batch"]
+    assert (dapo["trl"]["lora_r"], dapo["trl"]["lora_alpha"]) == (expected["lora_r"], expected["lora_alpha"])
+    assert dapo["trl"]["gradient_checkpointing"] is expected["gradient_checkpointing"]
+    assert dapo["trl"]["max_completion_length"] == expected["max_total_tokens"] + 1
+    assert dapo["tokens_per_sample"] == dapo["prompt_tokens"] + expected["max_total_tokens"] + 1  # the longest
+    assert 0 < dapo["model_tokens_per_sample"] < expected["max_total_tokens"]  # result blocks are masked out
+    # one group, the recipe's updates per rollout batch, each one micro-batch of the recipe's size
+    assert dapo["steps"] == expected["updates_per_generation"] and dapo["sequences"] == expected["num_generations"]
+    assert lora["shape"] == {"lora_r": expected["lora_r"], "lora_alpha": expected["lora_alpha"],
+                             "micro_batch": expected["sft_micro_batch"], "tokens_per_sample": expected["sft_max_length"],
+                             "gradient_checkpointing": expected["gradient_checkpointing"]}
+    assert lora["lora_r_trained"] == expected["lora_r"]
+
+
+def test_the_shapes_follow_the_recipe_file_not_copied_numbers(tmp_path):
+    """Another recipe's numbers come out as that recipe's, at full size and scaled."""
+    recipe = json.loads(RECIPE.read_text())
+    recipe["lora"].update(r=32, alpha=96)
+    recipe["dapo"].update(micro_batch_size=2, num_generations=4, max_total_tokens=2048, max_turn_tokens=256)
+    recipe["sft"].update(batch_size=2, max_length=1024)
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(recipe))
+    full, tiny = recipe_shape(path), recipe_shape(path, tiny=True)
+    assert (full.lora_r, full.lora_alpha, full.micro_batch, full.num_generations) == (32, 96, 2, 4)
+    assert (full.max_total_tokens, full.max_turn_tokens, full.sft_micro_batch, full.sft_max_length) == (2048, 256, 2, 1024)
+    assert (tiny.lora_r, tiny.lora_alpha, tiny.micro_batch, tiny.max_total_tokens, tiny.max_turn_tokens) == (2, 6, 2, 32, 4)
+    assert full.accumulation_steps == 8 * 4 // 2 // 2  # 8 prompts x 4 samples / 2 updates / micro-batch 2
+    assert recipe_shape(RECIPE).lora_r == 64  # the recipe itself: r 64, not the 16 the check used before
+
+
+def test_part_minimums_cover_the_measured_times_and_the_check_fits_one_call():
+    """Each part's minimum is at or above its time on the H200; the measured times (the minimums where a part's
+    shape changed since) with the set-up fit a 560 s device call."""
+    runs = [json.loads(p.read_text()) for p in sorted(MEASURED.rglob("gpu_check.json"))]
+    measured = {part: run[part]["wall_s"] for run in runs for part in gpu_check.NEEDS
+                if isinstance(run.get(part), dict) and "wall_s" in run[part]}
+    assert set(measured) == set(gpu_check.NEEDS)
+    for part, seconds in measured.items():
+        assert gpu_check.NEEDS[part] >= seconds, (part, seconds)
+    changed = {"lora_step", "dapo_step", "exact_search"}  # new shapes (issue 53): their minimums stand in
+    expected = sum(gpu_check.NEEDS[p] if p in changed else measured[p] for p in gpu_check.NEEDS)
+    assert expected + gpu_check.SETUP_S <= gpu_check.CALL_S == 560, expected
 
 
 @pytest.mark.gpuenv
