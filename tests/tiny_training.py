@@ -1,5 +1,6 @@
 """Shared helpers of the trainer tests: a tiny randomly initialised Llama on the embedded tokenizer's vocabulary
-(seconds per step on CPU) and a callback that keeps each optimizer step's gradients."""
+(seconds per step on CPU), a fixed RL rollout with its length reward, and a callback that keeps each optimizer
+step's gradients."""
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
@@ -33,3 +34,25 @@ class KeepGradients(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def fixed_rollout(questions: list[str]):
+    """A ``rollout_func`` for TRL's GRPOTrainer: each question's k-th sample is a completion of 3 + 2k tokens (ids
+    from the question's index), so :func:`length_reward` differs inside every group and the batch has unequal
+    lengths."""
+    def rollout(prompts, trainer):
+        seen, prompt_ids, completion_ids = {}, [], []
+        for p in prompts:
+            k = seen.get(p, 0)
+            seen[p] = k + 1
+            i = questions.index(p)
+            prompt_ids.append([100 + i, 200 + i, 300])
+            completion_ids.append([400 + 7 * i + j for j in range(3 + 2 * k)])
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
+                "logprobs": [[0.0] * len(c) for c in completion_ids]}
+
+    return rollout
+
+
+def length_reward(prompts, completions, completion_ids, **kwargs):
+    return [float(len(ids)) for ids in completion_ids]

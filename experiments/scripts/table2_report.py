@@ -1,7 +1,8 @@
 """Table 2 against the peers from kept records (issue 43; docs/results.md, "Table 2 against the peers"): each trained
 arm's evaluation after training (``<arm>/eval_after_{world,hotpot}.jsonl``) and the prompt baselines of the suite on
 the untrained backbone (``suite/records/<dataset>.<method>.jsonl``), paired by question id; then the kunlun recipe
-with DAPO against GRPO, with the clip ratios TRL logged at every RL step. The folder is a runs folder of
+with DAPO against GRPO, with the clip ratios TRL logged at every RL step. Every table carries each row's
+answer-tag share; a row answered mostly by fallback extraction is marked collapsed and compared with nothing. The folder is a runs folder of
 ``experiments/scripts/table2_run.sh`` (``table2.<arm>``, ``table2.suite``) or the kept ``experiments/results/table2``
 (``<arm>``, ``suite``). Prints the tables as markdown, then one JSON line.
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from kunlunlab.eval.compare import ablation_table, table2
+from kunlunlab.eval.metrics import collapsed
 from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.runner import markdown_table
 from kunlunlab.training.records import heldout_records, training_logs
@@ -54,7 +56,12 @@ def main(argv: list[str]) -> int:
     header, rows = table2(records, "kunlun", baselines, n_resamples=10_000, peers=peers, models=models)
     print("## Table 2 (EM %)\n")
     print("\n".join(markdown_table(header, rows)))
-    out = {"table2": {"header": header, "rows": rows}}
+    # rows whose answers came mostly from fallback extraction (their "tag %" cell says "collapsed"): not results
+    out = {"table2": {"header": header, "rows": rows},
+           "collapsed": sorted(f"{dataset} {name}" for dataset, per_method in records.items()
+                               for name, recs in per_method.items() if collapsed(recs))}
+    if out["collapsed"]:
+        print(f"\nCollapsed (most answers by fallback extraction, not results): {', '.join(out['collapsed'])}")
     # every trained arm against kunlun, one by one (Table 2 shows the difference to the best peer only)
     for dataset in FILES:
         arms = {a: records[dataset][a] for a in ("kunlun", *peers) if a in records[dataset]}

@@ -24,13 +24,19 @@ from typing import Callable
 from kunlunlab.agent.protocol import (BACKGROUND_TEMPLATE, RESULT_TEMPLATE, STOP_STRINGS, Turn, build_messages,
                                       format_results, parse_turn)
 
+SEARCH_LIMIT_BEHAVIOURS = ("notice", "end")  # AgentProtocol.at_search_limit
+
 
 @dataclass(frozen=True)
 class AgentProtocol:
     """``parse_turn(text)`` reads one turn (the first after ``assistant_prefix``); ``final_answer`` and ``format_ok``
     a whole completion (after the prompt, prefix excluded, documents included: the peers' reward "response").
     ``invalid_block``: what the peer appends after a turn of a ``reprompt`` kind (None: it ends the trajectory).
-    ``top_k``, ``max_searches``: the peer's training settings (None: no limit but the token budget)."""
+    ``top_k``, ``max_searches``: the peer's training settings (None: no limit but the token budget), what a rollout
+    runs unless a comparison states its own budget (:meth:`passages_per_search`, :meth:`search_limit`).
+    ``blocks_repeats``: STIE's repeat blocking of an earlier query (this project's; no peer has it).
+    ``at_search_limit``: a search past ``max_searches``: ``"notice"`` (this project's notice, the sample ends at the
+    second) or ``"end"`` (the search is not run and the trajectory ends, as the peers' loops end)."""
 
     name: str
     source: str
@@ -48,6 +54,24 @@ class AgentProtocol:
     reprompt: tuple[str, ...]
     top_k: int
     max_searches: int | None
+    blocks_repeats: bool = False
+    at_search_limit: str = "end"
+
+    def __post_init__(self):
+        if self.at_search_limit not in SEARCH_LIMIT_BEHAVIOURS:
+            raise ValueError(f"at_search_limit must be one of {SEARCH_LIMIT_BEHAVIOURS}, got {self.at_search_limit!r}")
+
+    def passages_per_search(self, override: int | None = None) -> int:
+        """The top-k a rollout runs: a comparison's ``override`` (the same for every arm), else the protocol's own."""
+        return self.top_k if override is None else override
+
+    def search_limit(self, override: int | None, token_budget: int) -> int:
+        """The searches per question a rollout allows: a comparison's ``override``, else the protocol's own; a
+        protocol without a limit (ReSearch: only the response length bounds it) gets ``token_budget``, which no
+        rollout reaches (every search costs generated tokens)."""
+        if override is not None:
+            return override
+        return token_budget if self.max_searches is None else self.max_searches
 
     def messages(self, question: str, background: str | None = None) -> list[dict]:
         """Chat messages as the peer builds them for an instruct model (the chat template adds the rest)."""
@@ -423,7 +447,11 @@ PROTOCOLS: dict[str, AgentProtocol] = {p.name: p for p in (
         parse_turn=parse_turn, final_answer=_search_think_answer, format_ok=_search_think_format,
         env_pattern=r"\n<result>\n.*?\n</result>\n",
         invalid_block=RESULT_TEMPLATE.format(results="(empty query: nothing was searched)"), reprompt=("invalid",),
-        top_k=3, max_searches=8),
+        top_k=3, max_searches=8, blocks_repeats=True, at_search_limit="notice"),
+    # the peers: no repeat blocking; past the search limit the trajectory ends, no notice (Search-R1:
+    # generation.py run_llm_loop, whose last generation after max_turns runs execute_predictions(do_search=False)
+    # and appends nothing; R1-Searcher: experience_maker.py, whose generation at t == 8 is kept as it is and ends;
+    # ReSearch: vllm_rollout.py has no limit but the response length)
     AgentProtocol(
         name="search_r1", source="PeterGriffinJin/Search-R1@a14dc3a search_r1/llm_agent/generation.py, "
         "scripts/data_process/nq_search.py, verl/utils/reward_score/qa_em.py",

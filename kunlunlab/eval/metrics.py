@@ -11,6 +11,7 @@ from kunlunlab.data.answers import cover_em, exact_match, f1, fact_coverage, nor
 from kunlunlab.data.types import QAExample
 
 TAGGED, FALLBACK = "answer_tag", "fallback"   # where a record's answer came from (answer_source)
+COLLAPSE_SHARE = 0.5  # a row with more of its answers from fallback extraction is collapsed (issue 51)
 
 
 def retrieval_recall(retrieved_titles: Iterable[str], gold_titles: Sequence[str]) -> float | None:
@@ -83,6 +84,21 @@ def answer_source(record: dict) -> str:
     if source not in (TAGGED, FALLBACK):
         raise ValueError(f"record {record.get('id')!r}: unknown answer_source {source!r}")
     return source
+
+
+def fallback_share(records: Sequence[dict]) -> float | None:
+    """The share of answers taken by fallback extraction, over the records that say where their answer came from;
+    None where none does (a single-shot baseline has no answer tag it could have missed)."""
+    said = [r for r in records if r.get("answer_source") is not None
+            or (isinstance(r.get("trajectory"), dict) and r["trajectory"].get("answer_source") is not None)]
+    return sum(answer_source(r) == FALLBACK for r in said) / len(said) if said else None
+
+
+def collapsed(records: Sequence[dict]) -> bool:
+    """Whether most answers (more than :data:`COLLAPSE_SHARE`) come from fallback extraction of text that closed no
+    answer tag: such a row measures degenerate text, not its method, and is never read as a result or a tie."""
+    share = fallback_share(records)
+    return share is not None and share > COLLAPSE_SHARE
 
 
 def title_recall_curve(trajectory: dict, titles: dict[str, str], gold_titles) -> list[float] | None:
@@ -207,7 +223,8 @@ def _mean_of(values: list) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-__all__ = ["EXTRA_SEARCHES", "FALLBACK", "TAGGED", "agent_searches", "answer_source", "cover_em",
+__all__ = ["COLLAPSE_SHARE", "EXTRA_SEARCHES", "FALLBACK", "TAGGED", "agent_searches", "answer_source", "collapsed",
+           "cover_em", "fallback_share",
            "evidence_search_floor", "exact_match", "extra_searches", "f1", "fact_coverage", "normalize_answer", "optimal_stop",
            "recall_by_search", "redundant_searches", "retrieval_recall", "search_floor", "searches_past_stop",
            "summarize", "title_recall_curve", "ungrounded_quotes"]

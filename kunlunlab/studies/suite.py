@@ -47,6 +47,7 @@ from kunlunlab.data.loaders import load_benchmark, load_corpus
 from kunlunlab.data.splits import load_splits
 from kunlunlab.eval.compare import ablation_table, table2
 from kunlunlab.eval.harness import EvalConfig, evaluate, make_judge_backend, resolve_corpus
+from kunlunlab.eval.metrics import collapsed
 from kunlunlab.eval.records import ENDPOINT_FIELDS, RecordsConflict, read_records
 from kunlunlab.models import release_host_memory
 from kunlunlab.paths import PROJECT_ROOT, shared_data_dir
@@ -322,12 +323,15 @@ def run_suite(cfg: SuiteConfig, out_dir: str | Path, backend=None,
             summary.pop("config", None)
             summary["variant"] = name
             summary["model"] = model_label(model)
+            records = read_records(path)[0]
+            summary["collapsed"] = collapsed(records)  # most answers by fallback extraction: not a result
             result.summaries.append(summary)
             release_host_memory()  # each method's rollout caches go back to the OS before the next method runs
             kept = f", {summary['resumed']} resumed" if summary["resumed"] else ""
             progress(f"{dataset:20} {name:22} EM {summary['em']:.3f} F1 {summary['f1']:.3f} "
-                     f"searches {summary['searches_per_question']:.2f} ({time.perf_counter() - t0:.0f} s{kept})")
-            return read_records(path)[0]
+                     f"searches {summary['searches_per_question']:.2f} ({time.perf_counter() - t0:.0f} s{kept})"
+                     + (" COLLAPSED: most answers by fallback extraction" if summary["collapsed"] else ""))
+            return records
 
         for dataset, (examples, _) in data.items():
             where, passages = corpora[dataset]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from kunlunlab.agent.methods import METHODS, PEER_METHODS
+from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.data.splits import Splits
 from kunlunlab.configs import (apply_overrides, build_dataclass, choice, leaf_paths, leaf_values, non_negative, positive,
@@ -244,8 +245,12 @@ class TrainConfig:
     heldout_seed: int = non_negative(2)
     index_kind: str = choice("flat", INDEX_KINDS)
     embedder: str | None = None
-    top_k: int = positive(1)         # passages per query, in training data and rollouts alike; measured: recall@1
-                                     # of the world's hop queries is 97 % (99 % at 2) and samples are ~20 % shorter
+    top_k: int | None = positive(1)  # passages per query, in training data, rollouts and evaluation alike; measured:
+                                     # recall@1 of the world's hop queries is 97 % (99 % at 2) and samples are ~20 %
+                                     # shorter; a comparison's budget for every arm (null: the protocol's own top-k)
+    max_searches: int | None = non_negative(None)  # searches per question in rollouts and evaluation; None: the
+                                     # protocol's own (AgentProtocol.max_searches); a number: a comparison's budget,
+                                     # the same for every arm
     max_result_chars: int = positive(300)
     hotpot: bool = True              # add HotpotQA distractor trajectories (when the data folder is present)
     hotpot_train_fraction: float = probability(0.5)  # the first half trains, the rest is held out for evaluation
@@ -299,6 +304,16 @@ class TrainConfig:
             raise ValueError(f"rewards.kind={self.rewards.kind} does not read agent.method={self.agent.method}'s "
                              "protocol: the kunlun and agent methods take rewards.kind=kunlun, a peer's agent its own "
                              "reward (search_r1, research, r1_searcher or one of its stages)")
+
+    @property
+    def passages_per_search(self) -> int:
+        """The top-k every stage of this run uses: ``top_k``, else the agent protocol's declared one."""
+        return get_protocol(self.agent.protocol).passages_per_search(self.top_k)
+
+    def search_limit(self, token_budget: int) -> int:
+        """The searches per question of a rollout with ``token_budget`` tokens: ``max_searches``, else the agent
+        protocol's declared limit (:meth:`~kunlunlab.agent.protocols.AgentProtocol.search_limit`)."""
+        return get_protocol(self.agent.protocol).search_limit(self.max_searches, token_budget)
 
     def splits(self, world_heldout: int | None = None, hotpot_heldout: int | None = None,
                summary_heldout: int | None = None) -> Splits:

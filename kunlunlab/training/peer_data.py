@@ -11,8 +11,9 @@ A search-think trajectory is read turn by turn (think text; queries or the boxed
 retrieved, kept on the environment segment by the mixing) and written again with the protocol's tags, document block
 (:meth:`~kunlunlab.agent.protocols.AgentProtocol.result_block`) and prompt. Peers search one query at a time: a
 multi-query search becomes consecutive searches, the later ones opened by a one-line think. Masked turns stay masked.
-Long answers become short ones (no peer has the long mode). STIE feedback rounds and RDRA plan samples have no
-counterpart and are dropped (the peer recipes switch them off: ``mixing.stie_feedback_share`` 0, ``plan_samples`` 0).
+Long answers become short ones (no peer has the long mode). STIE feedback rounds, RDRA plan samples and the prompt's
+``<background>`` block (RDRA's, or the mixing's irrelevant-background noise kind) have no counterpart and are dropped
+(the peer recipes switch the first two off: ``mixing.stie_feedback_share`` 0, ``plan_samples`` 0).
 """
 from __future__ import annotations
 
@@ -88,8 +89,11 @@ def render(t: TrajectoryExample, protocol: AgentProtocol, max_result_chars: int)
         else:
             segments.append({"role": "model", "train": seg["train"],
                              "text": _answer_text(protocol.name, think, answer or "")})
-    return replace(t, segments=segments, prompt_messages=protocol.messages(t.question, t.background),
-                   prefix=protocol.assistant_prefix, end_with_eos=True, stie_rounds=0)
+    # no background block: it is RDRA's (or the mixing's irrelevant-background noise), which no peer's prompt has
+    # and none sees at evaluation
+    return replace(t, segments=segments, prompt_messages=protocol.messages(t.question, None), background=None,
+                   noise=[kind for kind in t.noise if kind != "background"], prefix=protocol.assistant_prefix,
+                   end_with_eos=True, stie_rounds=0)
 
 
 def render_all(trajectories: list[TrajectoryExample], protocol: AgentProtocol,

@@ -29,19 +29,20 @@ def test_table2_layout_best_baseline_and_absent_judge():
                              "kunlun": recs([1, 1], lj=1.0)}}
     header, rows = table2(records, "kunlun", ["naive_rag", "ircot"], n_resamples=500)
     # bamboogle is searched in a corpus that lacks most of its evidence: its columns say so
-    assert header == ["method", "world EM", "world LJ", "bamboogle (corpus lacks most evidence) EM",
-                      "bamboogle (corpus lacks most evidence) LJ"]
-    assert rows[0] == ["naive_rag", 25.0, "–", 0.0, 100.0]
-    assert rows[2] == ["kunlun", 100.0, "–", 100.0, 100.0]
+    assert header == ["method", "world EM", "world LJ", "world tag %", "bamboogle (corpus lacks most evidence) EM",
+                      "bamboogle (corpus lacks most evidence) LJ", "bamboogle (corpus lacks most evidence) tag %"]
+    # no record says where its answer came from (single-shot answers): no tag share
+    assert rows[0] == ["naive_rag", 25.0, "–", "–", 0.0, 100.0, "–"]
+    assert rows[2] == ["kunlun", 100.0, "–", "–", 100.0, 100.0, "–"]
     assert rows[3][2] == "vs ircot" and rows[3][1].startswith("+50.0 [") and rows[3][1].endswith("n=4")
-    assert rows[3][4] == "vs ircot" and rows[3][3].startswith("+50.0")
+    assert rows[3][5] == "vs ircot" and rows[3][4].startswith("+50.0")
 
 
 def test_table2_sets_the_peers_apart_with_their_models():
     records = {"world": {"naive_rag": recs([1, 0, 0, 0]), "search_r1": recs([1, 1, 1, 0]), "kunlun": recs([1, 1, 0, 0])}}
     header, rows = table2(records, "kunlun", ["naive_rag"], n_resamples=500, peers=["search_r1"],
                           models={"naive_rag": "base", "search_r1": "runs/sr1", "kunlun": "runs/k"})
-    assert header == ["method", "model", "world EM", "world LJ"]
+    assert header == ["method", "model", "world EM", "world LJ", "world tag %"]
     assert [r[:3] for r in rows[:3]] == [["naive_rag", "base", 25.0], ["search_r1", "runs/sr1", 75.0],
                                           ["kunlun", "runs/k", 50.0]]
     vs_baseline, vs_peer = rows[3], rows[4]

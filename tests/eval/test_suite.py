@@ -73,10 +73,12 @@ def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
     header, rows = tables[TABLE2_TITLE]
     # every row names its model; bamboogle is searched in a corpus that lacks most of its evidence and says so
     lacks = "bamboogle (corpus lacks most evidence)"
-    assert header == ["method", "model", "world EM", "world LJ", f"{lacks} EM", f"{lacks} LJ"]
+    assert header == ["method", "model", "world EM", "world LJ", "world tag %", f"{lacks} EM", f"{lacks} LJ",
+                      f"{lacks} tag %"]
     embedded = "SmolLM2-135M-Instruct (embedded)"  # no checkpoint: every row on the embedded model
-    assert rows[:3] == [["naive_rag", embedded, 25.0, "–", 0.0, "–"], ["ircot", embedded, 50.0, "–", 0.0, "–"],
-                        ["kunlun", embedded, 75.0, "–", 50.0, "–"]]
+    assert rows[:3] == [["naive_rag", embedded, 25.0, "–", "–", 0.0, "–", "–"],
+                        ["ircot", embedded, 50.0, "–", "–", 0.0, "–", "–"],
+                        ["kunlun", embedded, 75.0, "–", "–", 50.0, "–", "–"]]
     assert rows[3][2].startswith("+25.0 [") and rows[3][2].endswith("n=4") and rows[3][3] == "vs ircot"
     _, ablation_rows = tables[ablation_title("world")]
     assert [row[0] for row in ablation_rows] == ["kunlun", "−STIE"]
@@ -84,6 +86,42 @@ def test_suite_tables_hold_table2_and_one_ablation_table_per_ablated_dataset():
     # only question 0 differs (1 -> 0): Δ = -25 points, and no resample can rise above 0
     assert ablation_rows[1][5].startswith("-25.0 [") and ablation_rows[1][5].endswith(", +0.0]")
     assert ablation_rows[1][6] == "no measurable effect at this scale"
+
+
+def _sourced(ems: list[float], sources: str) -> list[dict]:
+    """Records whose answers came from the answer tag (``t``) or fallback extraction (``f``), one letter each."""
+    kinds = {"t": "answer_tag", "f": "fallback"}
+    return [{**r, "answer_source": kinds[s]} for r, s in zip(_records(ems), sources)]
+
+
+def test_a_row_answered_mostly_by_fallback_is_marked_collapsed_never_read_as_a_tie():
+    """Issue 51: kunlun_grpo_u4 closed no answer tag on any question; its EM came from fallback extraction of
+    degenerate text and was read as "no measurable difference". Such a row is marked collapsed (> 50 % fallback),
+    is never the best row nor compared; a row at exactly half stays a result."""
+    from kunlunlab.studies.suite import TABLE2_TITLE, SuiteConfig, SuiteResult, ablation_title, suite_tables
+
+    result = SuiteResult()
+    dapo, grpo = _sourced([1, 0, 1, 0], "tttt"), _sourced([1, 0, 1, 0], "fftf")  # 3 of 4 by fallback: collapsed
+    result.records = {"world": {"naive_rag": _records([0, 0, 0, 0]), "ircot": _sourced([1, 1, 1, 1], "ffff"),
+                                "search_r1": _sourced([1, 0, 0, 0], "tftf"), "kunlun": dapo}}
+    result.ablations = {"world": {"kunlun": dapo, "GRPO": grpo}}
+    cfg = SuiteConfig(baselines=("naive_rag", "ircot"), models={"search_r1": "runs/sr1"}, n_resamples=300)
+    tables = suite_tables(result, cfg)
+    header, rows = tables[TABLE2_TITLE]
+    tag = header.index("world tag %")
+    by = {r[0]: r for r in rows}
+    assert [by[m][tag] for m in ("naive_rag", "ircot", "search_r1", "kunlun")] == ["–", "0.0 collapsed", 50.0, 100.0]
+    # the collapsed baseline's 100 EM is not the best baseline: naive_rag's 0 is
+    vs_baseline = next(r for r in rows if r[0].startswith("kunlun − best baseline"))
+    assert vs_baseline[3] == "vs naive_rag" and vs_baseline[2].startswith("+50.0 [")
+    _, ablation_rows = tables[ablation_title("world")]
+    grpo_row = {r[0]: r for r in ablation_rows}["GRPO"]
+    assert grpo_row[5] == "–" and grpo_row[6] == "collapsed: most answers by fallback extraction, not a result"
+    assert grpo_row[7] == "25.0 collapsed"
+    # a collapsed reference: nothing is read against it
+    result.records["world"]["kunlun"] = grpo
+    _, rows = suite_tables(result, cfg)[TABLE2_TITLE]
+    assert [r[2] for r in rows if r[0].startswith("kunlun − best")] == ["kunlun collapsed: not compared"] * 2
 
 
 def test_each_row_runs_on_its_own_model(tmp_path):

@@ -11,7 +11,7 @@ from kunlunlab.models import load_llm
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.dapo import rl_dataset, run_dapo
 from kunlunlab.training.rewards import RewardConfig
-from tiny_training import KeepGradients, tiny_llama
+from tiny_training import KeepGradients, fixed_rollout, length_reward, tiny_llama
 
 QUESTIONS = [f"question {i}" for i in range(8)]
 
@@ -21,30 +21,12 @@ def tokenizer():
     return load_llm()[1]
 
 
-def fixed_rollout(prompts, trainer):
-    """Each question's k-th sample: a completion of 3 + 2k tokens (ids from the question's index), so the
-    rewards below differ inside every group and the batch has unequal lengths."""
-    seen, prompt_ids, completion_ids = {}, [], []
-    for p in prompts:
-        k = seen.get(p, 0)
-        seen[p] = k + 1
-        i = QUESTIONS.index(p)
-        prompt_ids.append([100 + i, 200 + i, 300])
-        completion_ids.append([400 + 7 * i + j for j in range(3 + 2 * k)])
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
-            "logprobs": [[0.0] * len(c) for c in completion_ids]}
-
-
-def length_reward(prompts, completions, completion_ids, **kwargs):
-    return [float(len(ids)) for ids in completion_ids]
-
-
 def _train(tokenizer, tmp_path, name, **dapo):
     model = tiny_llama(tokenizer)
     cfg = DAPOStageConfig(**{"prompts_per_step": 2, "num_generations": 4, "dynamic_sampling": False,
                              "save_steps": 100, "learning_rate": 1e-3, "steps": 1, **dapo})
     grads = KeepGradients()
-    trainer = run_dapo(model, tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), fixed_rollout, cfg,
+    trainer = run_dapo(model, tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), fixed_rollout(QUESTIONS), cfg,
                        RewardConfig(), tmp_path / name, seed=0, callbacks=[grads], reward_funcs=[length_reward],
                        world_size=1)
     return trainer, grads.steps
