@@ -4,7 +4,8 @@ on that process's own rollouts and what the process got back after TRL gathered 
 process (``_calculate_rewards`` ends with ``gather``: the group advantages are normalised on the
 gathered ``(processes × local completions, reward functions)`` tensor and each rank keeps its slice).
 
-Each rank appends one line per DAPO generation batch to ``<run dir>/rank<i>_rewards.jsonl``. Usage, as
+Each rank appends one line per DAPO generation batch to ``<run dir>/rank<i>_rewards.jsonl``, and writes how many
+passages it embedded and how many flat indexes it built to ``<run dir>/rank<i>_embedded.json``. Usage, as
 ``kunlunlab train``:  ``python tests/multiprocess_train.py train --run-dir DIR --smoke --set ...``"""
 from __future__ import annotations
 
@@ -86,6 +87,21 @@ def install_generation_server_stand_in(run_dir: Path) -> None:
     openai_backend.OpenAIBackend.complete = recording_complete
 
 
+def count_index_builds() -> list:
+    """Counts the flat indexes this process builds (a saved index loaded is not built: FAISS reads it whole)."""
+    from kunlunlab.retrieval.indexes import FlatIndex
+
+    builds: list = []
+    init = FlatIndex.__init__
+
+    def counting(self, dim):
+        builds.append(dim)
+        init(self, dim)
+
+    FlatIndex.__init__ = counting
+    return builds
+
+
 def main(argv: list[str]) -> int:
     import os
 
@@ -93,13 +109,15 @@ def main(argv: list[str]) -> int:
 
     run_dir = Path(argv[argv.index("--run-dir") + 1])
     install_reward_recorder(run_dir)
+    builds = count_index_builds()
     if os.environ.get("KUNLUNLAB_TEST_GENERATION_SERVER"):
         install_generation_server_stand_in(run_dir)
     code = cli(argv)
     from kunlunlab.retrieval.encoder import passages_embedded
 
     rank = int(os.environ.get("RANK", 0))  # how many passages this process embedded (the shared index: rank 0 only)
-    (run_dir / f"rank{rank}_embedded.json").write_text(json.dumps({"passages": passages_embedded()}))
+    (run_dir / f"rank{rank}_embedded.json").write_text(json.dumps({"passages": passages_embedded(),
+                                                                   "index_builds": len(builds)}))
     return code
 
 

@@ -52,14 +52,15 @@ def agent_settings(cfg: TrainConfig) -> dict:
 
 
 def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, dataset: str, out: Path,
-                   share: tuple[int, int] = (0, 1), retrieval=None) -> dict:
+                   share: tuple[int, int] = (0, 1), retrieval=None, index=None) -> dict:
     """EM / F1 / format compliance of the current model with the evaluation pipeline, on the model's own device.
     ``share``: (process index, processes) under ``accelerate launch``: every process evaluates every
     ``processes``-th question and the records are gathered (a collective: every process calls it), so a GPU
     run's evaluation is spread over the GPUs instead of running on one while the others wait. The main process
     writes ``out`` (records in question order); every process returns the same summary. ``retrieval`` (a
     configured :class:`~kunlunlab.training.config.RetrievalSource`): the searches go to its service or saved
-    index instead of an index over ``passages``."""
+    index instead of an index over ``passages``. ``index``: an opened retriever over ``passages`` (the run's,
+    built once per launch) that every process searches instead of building its own."""
     if not examples:
         return {}
     rank, processes = share
@@ -78,7 +79,9 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
                                              embedder=cfg.embedder, batch_size=cfg.eval.batch_size,
                                              seed=cfg.world_seed, retriever_url=retrieval.url if remote else None,
                                              index_dir=retrieval.index_dir if remote else None), agent_settings(cfg))
-        summary = evaluate(ec, shard_out, backend=backend, examples=shard, passages=None if remote else passages,
+        opened = None if remote else index
+        summary = evaluate(ec, shard_out, backend=backend, examples=shard,
+                           passages=None if remote or opened is not None else passages, retriever=opened,
                            progress=rank == 0)
         records = [json.loads(line) for line in shard_out.read_text().splitlines()]
     if processes > 1:
@@ -100,15 +103,19 @@ def evaluate_model(model, tokenizer, cfg: TrainConfig, examples, passages, datas
 
 
 def heldout_evaluation(model, tokenizer, cfg: TrainConfig, data: TrainingData, run_dir: Path, tag: str,
-                       share: tuple[int, int] = (0, 1)) -> dict:
+                       share: tuple[int, int] = (0, 1), indexes=None) -> dict:
     """The run's evaluation ``tag`` ("before", "after"): :func:`evaluate_model` on each held-out set the data
     has (world questions, the HotpotQA half, the long-answer questions, the real RL prompts where a corpus or
-    service answers them), records to ``<run_dir>/eval_<tag>_<set>.jsonl``; one summary per set, by name."""
+    service answers them), records to ``<run_dir>/eval_<tag>_<set>.jsonl``; one summary per set, by name.
+    ``indexes(passages, name)``: the run's retriever over a corpus, built once per launch (issue 53: each rank
+    of a multi-GPU run rebuilt every evaluation's index on the CPU); None: each evaluation builds its own."""
     run_dir = Path(run_dir)
 
     def one(examples, passages, dataset: str, name: str, retrieval=None) -> dict:
+        remote = retrieval is not None and retrieval.configured
+        index = indexes(passages, name) if indexes is not None and passages and not remote else None
         return evaluate_model(model, tokenizer, cfg, examples, passages, dataset, run_dir / f"eval_{tag}_{name}.jsonl",
-                              share, retrieval)
+                              share, retrieval, index)
 
     result = {"world": one(data.heldout, data.passages, "world", "world")}
     if data.hotpot_heldout:

@@ -239,6 +239,7 @@ class TrainingRun:
         self.index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder,
                                  device=self.device if self.device.startswith("cuda") else "cpu")
         self.retriever = shared_retriever(self.data.passages, self.index, self.run_dir / "index" / "world")
+        self._eval_indexes: dict = {}  # other corpora's evaluation retrievers, by held-out set
         self.real_retriever = real_retriever(cfg)  # cfg.retrieval's service or saved index, else None
         self.model, self.tok = load_llm(cfg.model, dtype=self.plan.model_dtype, device=self.device)
         self.evaluations: dict[str, dict] = {}
@@ -258,7 +259,8 @@ class TrainingRun:
         t0 = time.perf_counter()
         self._reset_peak()
         # under accelerate every process evaluates its share of the questions
-        result = heldout_evaluation(self.model, self.tok, self.cfg, self.data, self.run_dir, tag, _process_share())
+        result = heldout_evaluation(self.model, self.tok, self.cfg, self.data, self.run_dir, tag, _process_share(),
+                                    self.eval_index)
         result["seconds"] = round(time.perf_counter() - t0, 1)
         self._record_peak(f"eval_{tag}")
         release_host_memory()  # the rollouts' caches, before the next stage allocates its own
@@ -268,6 +270,15 @@ class TrainingRun:
         self.say(f"eval {tag}: world EM {w['em']} F1 {w['f1']} format {w['format_compliance']}")
         self.evaluations[tag] = result
         return result
+
+    def eval_index(self, passages, name: str):
+        """The retriever an evaluation searches ``passages`` with: the run's own over the world, else one built once
+        per launch (:func:`shared_retriever`) and kept for the next evaluation."""
+        if passages is self.data.passages:
+            return self.retriever
+        if name not in self._eval_indexes:
+            self._eval_indexes[name] = shared_retriever(passages, self.index, self.run_dir / "index" / f"eval_{name}")
+        return self._eval_indexes[name]
 
     def mix(self) -> list:
         """The SFT trajectories, mixed by the schedule of eqs. 14–16 (``trajectories.jsonl``, ``schedule.json``)."""

@@ -225,6 +225,16 @@ def test_the_corpus_is_embedded_once_by_the_main_process_and_loaded_by_the_other
     assert (multi / "index" / "world" / "manifest.json").is_file()
 
 
+def test_the_evaluation_during_training_searches_the_index_built_once(runs):
+    """Both ranks evaluated their share of the held-out questions (test_both_ranks_finish_both_stages) on the
+    run's world index: the main process built it once, the other loaded it, and no evaluation built another
+    (before, every rank built an index over the passages for every evaluation)."""
+    multi = runs["multi"]
+    builds = {r: json.loads((multi / f"rank{r}_embedded.json").read_text())["index_builds"] for r in range(PROCESSES)}
+    assert builds == {0: 1, 1: 0}
+    assert json.loads((multi / "state.json").read_text())["eval_after"]["world"]["n"] == 2
+
+
 def test_every_rank_rolls_out_through_the_generation_server(runs):
     multi, cfg = runs["multi"], runs["cfg"]
     per_rank = cfg.dapo.prompts_per_step // PROCESSES * cfg.dapo.num_generations
