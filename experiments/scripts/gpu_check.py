@@ -1,4 +1,4 @@
-"""The GPU check (issues 33 and 42): one call of at most 10 minutes on one H100/H200, no internet, nothing from a hub.
+"""The GPU check (issues 33, 42 and 53): one call of at most 10 minutes on one H100/H200, no internet, nothing from a hub.
 
 A randomly initialised model with Qwen2.5-7B's shape in bf16 (experiments/configs/gpu_check/qwen2.5-7b.json) and
 the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gpu_check.sh), part by part:
@@ -16,10 +16,10 @@ the embedded SmolLM2 tokenizer (its files travel in .gpu_check/tokenizer, see gp
    tokens in turns of 512 with masked result blocks, 8 generations, 2 updates per rollout batch, checkpointing,
    LoRA r 64) on pre-made rollouts, with its peak and whether it fits 80 GB and 141 GB; ``full_step`` one
    full-parameter micro-batch step with gradient checkpointing (peak memory, tokens/s);
-4. ``exact_search``: exact search on the GPU over 21M random 768-dim float16 vectors and over the most that fit
+3. ``exact_search``: exact search on the GPU over 21M random 768-dim float16 vectors and over the most that fit
    (``python -m kunlunlab.bench exact-search``), its bandwidth against the GPU's, its top-k against a float64
    brute force on the GPU (2M vectors), and FAISS's exact CPU search on a 1M slice, batches of 64 queries;
-5. ``end_to_end``: the workbench itself on the GPU: ``kunlunlab train`` with the one-GPU LoRA recipe
+4. ``end_to_end``: the workbench itself on the GPU: ``kunlunlab train`` with the one-GPU LoRA recipe
    (train_qwen7b_lora_1gpu.json) on a randomly initialised model of Qwen2.5-0.5B's architecture at a size that fits
    the call (a few SFT and DAPO steps, evaluations before and after), then ``kunlunlab eval`` on its final model:
    wall time and peak GPU memory per stage.
@@ -29,9 +29,9 @@ skipped with the seconds left. Each part's numbers, or the error that stopped it
 ``$OUT/gpu_check.json`` on the device machine, else experiments/results/gpu_check/gpu_check.json); the last line
 printed is that JSON. Everything else (the DAPO checkpoint, the end-to-end run) is written under ``--work``
 (/tmp), never beside the JSON: a device call brings back 8 files of 16 MiB at most. ``--tiny`` runs every part at
-toy size on the CPU (the training parts at the recipe's shape scaled by gpu_check_recipe.TINY_RULE), which is how the
-script is tested (tests/training/test_gpu_check.py, in the GPU environments'
-versions: ``make test-gpuenv``; ``pytest -m gpuenv`` in any other)."""
+toy size on the CPU (the training parts at the recipe's shape scaled by gpu_check_recipe.TINY_RULE), which is how
+the script is tested (tests/training/test_gpu_check.py, in the GPU environments' versions: ``make test-gpuenv``;
+``pytest -m gpuenv`` in any other)."""
 from __future__ import annotations
 
 import argparse
