@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from kunlunlab.http.client import free_port  # the browser tests' servers take a port from here too
 
 
 def _binary(variable: str, default: str, *names: str) -> Path:
@@ -47,12 +48,6 @@ def require_browser(*modules: str) -> None:
     pytest.importorskip("selenium", reason="browser tests need selenium (pip install -e '.[dev]')")
     for module in modules:
         pytest.importorskip(module, reason=f"browser tests need {module} (pip install -e .)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log_tail(log: Path, n: int = 3000) -> str:

@@ -33,7 +33,7 @@ below are our reconstruction:
 * (23) update  ∇θ J = E_{a∼π}[(r − b) ∇θ log π_θ(a | s)] + β ∇θ H(π), b a running mean baseline.
 
 The network side is any search function: the retrieval service over a wider corpus with added
-latency (:class:`~kunlunlab.retrieval.service.RetrievalClient`; :func:`network_tier` starts one on
+latency (:class:`~kunlunlab.retrieval.client.RetrievalClient`; :func:`network_tier` starts one on
 loopback for a ``with`` block), or a SearxNG instance (:class:`SearxngClient`). If the network search
 fails the router falls back to local results and counts the failure (:meth:`NetworkLocalRouter.summary`);
 it never returns nothing silently. Training data and the ``kunlunlab train-router`` command live in

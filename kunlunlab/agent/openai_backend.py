@@ -3,18 +3,18 @@
 It implements the interface of :mod:`kunlunlab.agent.backends` over HTTP, so evaluation and RL rollouts can run
 against a generation node instead of the local model (:mod:`kunlunlab.agent.transformers_backend`). A session
 re-sends each row's tokens every turn and cannot enforce answer blocks (:meth:`OpenAISession.block_answers`).
+A busy server is waited for (:mod:`kunlunlab.http.client`): ``serve-llm`` with its queue full, or vLLM behind a
+rate limit, answers 503/429 with ``Retry-After`` and the request is sent again after that wait.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Sequence
-
-import httpx
 
 from kunlunlab.agent.backends import AnswerBlock, SamplingConfig, Segment, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.protocol import STOP_STRINGS
+from kunlunlab.http.client import RetryPolicy, ServiceClient
 from kunlunlab.models import resolve_llm
 
 API_KEY_ENV = "KUNLUNLAB_LLM_API_KEY"  # the key this backend sends and `serve-llm` expects when none is given
@@ -28,7 +28,11 @@ class OpenAIBackend:
     ``return_tokens_as_token_ids``; otherwise the text is tokenised locally (documented fallback:
     then token ids are the local tokenizer's). ``tokenizer`` is the model's tokenizer (name or path).
     ``api_key``: sent as a bearer token (vLLM's and ``serve-llm``'s ``--api-key``); None: ``$KUNLUNLAB_LLM_API_KEY``
-    when set, else no header.
+    when set, else no header. A request that fails to connect or gets 429/5xx is sent again up to ``retries``
+    times, after ``backoff`` seconds doubling each time, or the server's ``Retry-After`` when longer, each wait at
+    most ``max_backoff`` (the defaults ride out about 8 s of a server that is down, 9 s of one that asks for a
+    second at a time); then one
+    :class:`~kunlunlab.agent.errors.GenerationServiceError` names the server and the last status.
     """
 
     url: str
@@ -36,7 +40,9 @@ class OpenAIBackend:
     tokenizer_name: str | None = None
     api_key: str | None = None
     timeout: float = 120.0
-    retries: int = 2
+    retries: int = 5
+    backoff: float = 0.25
+    max_backoff: float = 30.0
     name: str = field(init=False)
 
     def __post_init__(self):
@@ -44,12 +50,10 @@ class OpenAIBackend:
 
         self.name = self.model
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
-        key = os.environ.get(API_KEY_ENV) if self.api_key is None else self.api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.Client(timeout=self.timeout, headers=headers)
-        self.url = self.url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
+        self.service = ServiceClient(self.url, "generation server", error=GenerationServiceError, v1=True,
+                                     retry=RetryPolicy.from_retries(self.retries, self.backoff, self.max_backoff),
+                                     timeout=self.timeout, api_key=self.api_key, key_env=API_KEY_ENV)
+        self.url = self.service.url
 
     def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> "OpenAISession":
         return OpenAISession(self, prompts, sampling or SamplingConfig())
@@ -60,24 +64,13 @@ class OpenAIBackend:
                    "temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed,
                    "stop": list(stop), "logprobs": 1, "include_stop_str_in_output": True,
                    "return_tokens_as_token_ids": True, "skip_special_tokens": False}
-        last = None
-        for attempt in range(self.retries + 1):
-            try:
-                response = self.http.post(self.url + "/completions", json=payload)
-            except httpx.HTTPError as err:  # connection refused, timeouts
-                last = err
-                continue
-            if response.status_code == 200:
-                return self._segments(response.json(), len(prompts), stop)
-            last = RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
-            if response.status_code < 500:
-                break
-        raise GenerationServiceError(f"generation server {self.url} failed: {last}")
+        return self._segments(self.service.json("POST", "/completions", payload), len(prompts), stop)
 
     def _segments(self, data: dict, n: int, stop: Sequence[str]) -> list[Segment]:
         choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
         if len(choices) != n:
-            raise GenerationServiceError(f"server returned {len(choices)} choices for {n} prompts")
+            raise GenerationServiceError(f"generation server at {self.url} returned {len(choices)} choices for {n} "
+                                         "prompts")
         out = []
         for c in choices:
             text = c.get("text", "")

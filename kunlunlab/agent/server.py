@@ -17,10 +17,11 @@ gave up on ``max_tokens: 8192`` held the server for 14 minutes, and SIGTERM wait
   tokens plus ``max_tokens`` at most ``max_model_len`` (default: the model's context), at most ``max_prompts``
   prompts, token ids inside the vocabulary; a body over ``max_body_bytes`` is a 413 before it is read;
 * the first SIGTERM cancels the generation in flight and answers the waiting requests 503
-  (:func:`~kunlunlab.retrieval.service.make_server`);
+  (:func:`~kunlunlab.http.server.make_server`);
 * ``api_key``: an optional bearer token, as vLLM's ``--api-key`` (``GET /health`` stays open).
 
-``GET /health`` reports the model, the queue, the counters and the limits.
+``GET /health`` reports the model, the queue, the counters and the limits. The shell (lifespan, drain, key, body
+cap, one-line 422s, the 503 with ``Retry-After``) is :mod:`kunlunlab.http.server`, shared with ``serve-retriever``.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import asyncio
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from threading import Event
 
 from fastapi import FastAPI, HTTPException, Request
@@ -37,12 +37,9 @@ from pydantic import BaseModel, Field
 
 from kunlunlab.agent.backends import SamplingConfig, text_ids
 from kunlunlab.agent.transformers_backend import GenerationCancelled, TransformersBackend
-from kunlunlab.retrieval.service import (CLIENT_CLOSED_REQUEST, RequestGuard, client_gone, make_server,
-                                         one_line_validation_errors)
+from kunlunlab.http.server import CLIENT_CLOSED_REQUEST, busy, client_gone, make_server, service_app
 
 log = logging.getLogger("uvicorn.error")  # the server's own log, shown at its --log-level
-
-RETRY_AFTER = {"Retry-After": "1"}
 
 
 class CompletionRequest(BaseModel):
@@ -138,12 +135,11 @@ class GenerationQueue:
     def enter(self, job: _Job) -> None:
         """Queues ``job`` (its turn may be now) or answers 503."""
         if self.closed:
-            raise HTTPException(status_code=503, detail="the server is shutting down", headers=RETRY_AFTER)
+            raise busy("the server is shutting down")
         if self.current is not None and len(self.waiting) >= self.max_queue:
             self.counts["rejected"] += 1
-            raise HTTPException(status_code=503, headers=RETRY_AFTER,
-                                detail=f"queue full: {len(self.waiting)} requests wait behind the one generating "
-                                       f"(max_queue), retry later")
+            raise busy(f"queue full: {len(self.waiting)} requests wait behind the one generating (max_queue), "
+                       "retry later")
         self.counts["requests"] += 1
         if self.current is None:
             self.current = job
@@ -198,19 +194,12 @@ def create_app(backend: TransformersBackend, *, max_tokens: int | None = None, m
     limits = {"max_tokens": max_tokens, "max_model_len": max_model_len, "max_prompts": max_prompts,
               "max_queue": max_queue, "max_body_bytes": max_body_bytes}
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        try:
-            yield
-        finally:
-            await queue.close()
-            queue.executor.shutdown(wait=False)
+    async def stop() -> None:
+        await queue.close()
+        queue.executor.shutdown(wait=False)
 
-    app = FastAPI(title="kunlunlab LLM", version="1", lifespan=lifespan)
+    app = service_app("kunlunlab LLM", stop=stop, drain=queue.close, api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.queue = queue
-    app.state.drain = queue.close
-    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
-    one_line_validation_errors(app)
 
     @app.get("/health")
     async def health() -> dict:
@@ -247,7 +236,7 @@ def create_app(backend: TransformersBackend, *, max_tokens: int | None = None, m
         if out is None:
             queue.counts["cancelled"] += 1
             if job.reason == "shutdown":
-                raise HTTPException(status_code=503, detail="the server is shutting down", headers=RETRY_AFTER)
+                raise busy("the server is shutting down")
             log.info("client disconnected: its request was cancelled (waiting or generating)")
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         queue.counts["completed"] += 1

@@ -5,7 +5,7 @@ Closed loop, like agents in an RL rollout that wait for their search results, so
 service's capacity at that concurrency. Failures are counted, never hidden: ``errors`` are requests
 whose last answer after the retries was not 200, ``lost`` are requests that never got any answer
 (connection refused or reset, timeouts, on every attempt). Retries follow
-:class:`~kunlunlab.retrieval.service.RetrievalClient` (backoff, ``Retry-After`` on 429/503), so a
+:class:`~kunlunlab.retrieval.client.RetrievalClient` (backoff, ``Retry-After`` on 429/503), so a
 service restart shorter than the retry budget costs latency, not requests.
 
     python -m kunlunlab.bench.loadtest http://127.0.0.1:8000 --queries-file q.txt --clients 32 --duration 60

@@ -39,8 +39,9 @@ thinking mode on, o-series reasoning models) starts with neither "yes" nor "no" 
 
 Two verdicts need no model: an empty prediction is wrong, and a prediction that exactly matches a
 gold answer after normalisation is right (``rule``). Everything else goes to the judge; a reply that
-starts with neither "yes" nor "no" counts as "no" and is reported as ``unparsed``. A judge server that
-fails (unreachable, HTTP errors after the retries, a reply without a message) raises
+starts with neither "yes" nor "no" counts as "no" and is reported as ``unparsed``. A rate-limited or busy
+judge (429/503 with ``Retry-After``) is waited for (:mod:`kunlunlab.http.client`); a judge server that
+fails (unreachable or failing after the retries, a refused request, a reply without a message) raises
 :class:`JudgeServiceError`: a failure is never turned into a verdict. Verdicts are cached per judge
 model name (``<cache>/judge/<model>.jsonl``), keyed by the prompt version, question, golds and
 prediction; both routes share it, since they send the same prompt to the same model.
@@ -49,17 +50,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import httpx
-
 from kunlunlab.agent.backends import Backend, SamplingConfig, chat_prompt_ids, generate_once
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.eval.metrics import exact_match
+from kunlunlab.http.client import RetryPolicy, ServiceClient
 from kunlunlab.paths import cache_dir
 
 JUDGE_PROMPT_VERSION = "lj-v1"
@@ -85,61 +84,44 @@ def judge_messages(question: str, golds: Sequence[str], prediction: str) -> list
 class ChatJudgeBackend:
     """The judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (see the module docstring).
 
-    ``key_env`` names the environment variable that holds the API key (read once, here). Connection
-    errors and HTTP 5xx are retried ``retries`` times; any other HTTP error fails at once."""
+    ``key_env`` names the environment variable that holds the API key (read once, here). A connection failure
+    or HTTP 429/5xx is tried again up to ``retries`` times, after ``backoff`` seconds doubling each time or the
+    server's ``Retry-After`` when longer, each wait at most ``max_backoff``; any other HTTP error fails at once."""
 
     url: str
     model: str
     key_env: str | None = "OPENAI_API_KEY"
     timeout: float = 60.0
-    retries: int = 2
+    retries: int = 3
+    backoff: float = 0.25
+    max_backoff: float = 30.0
     name: str = field(init=False)
 
     def __post_init__(self):
         if not self.url or not self.model:
             raise ValueError("the chat judge needs judge_url and judge (the served model's name)")
         self.name = self.model
-        self.url = self.url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
-        key = os.environ.get(self.key_env) if self.key_env else None
-        self._key_note = (f"; the key comes from the environment variable {self.key_env}" if key else
-                          f"; no key was sent: the environment variable {self.key_env} is not set")
-        self.http = httpx.Client(timeout=self.timeout, headers={"Authorization": f"Bearer {key}"} if key else {})
+        self.service = ServiceClient(self.url, "judge server", error=JudgeServiceError, v1=True,
+                                     retry=RetryPolicy.from_retries(self.retries, self.backoff, self.max_backoff),
+                                     timeout=self.timeout, key_env=self.key_env)
+        self.url = self.service.url
         self.check()
-
-    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
-        last: str = ""
-        for _ in range(self.retries + 1):
-            try:
-                response = self.http.request(method, self.url + path, **kwargs)
-            except httpx.HTTPError as err:  # connection refused, timeouts
-                last = f"unreachable ({type(err).__name__}: {err})"
-                continue
-            if response.status_code < 400 or (response.status_code == 404 and path == "/models"):
-                return response
-            last = f"HTTP {response.status_code}: {' '.join(response.text[:200].split())}"
-            if response.status_code in (401, 403):
-                last += self._key_note
-            if response.status_code < 500:
-                break
-        raise JudgeServiceError(f"judge server {self.url} failed on {path} for {self.model!r}: {last}")
 
     def check(self) -> None:
         """One ``GET /v1/models``: the server is up and takes the key (a server without the list, 404, passes)."""
-        self._request("GET", "/models")
+        self.service.check(self.service.request("GET", "/models"), "/models", ok=(200, 404))
 
     def reply(self, messages: list[dict]) -> str:
         """The judge's reply text to one conversation (temperature 0, at most 4 tokens)."""
         payload = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": JUDGE_REPLY_TOKENS}
-        response = self._request("POST", "/chat/completions", json=payload)
+        data = self.service.json("POST", "/chat/completions", payload)
         try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError, ValueError):
+            content = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
             content = None
         if not isinstance(content, str):
-            raise JudgeServiceError(f"judge server {self.url} answered without a chat message: "
-                                    f"{' '.join(response.text[:200].split())}")
+            raise JudgeServiceError(f"judge server at {self.url} answered without a chat message: "
+                                    f"{' '.join(json.dumps(data)[:200].split())}")
         return content
 
 

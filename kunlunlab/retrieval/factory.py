@@ -27,7 +27,7 @@ def open_retriever(url: str | None = None, index_dir: str | Path | None = None,
                    attempts: int = 3, backoff: float = 0.25, timeout: float = 30.0) -> Retriever | RemoteRetriever:
     """A retriever with ``search(queries, k) -> list[list[Hit]]``, from the first source given:
 
-    1. ``url``: the retrieval service there (:class:`~kunlunlab.retrieval.service.RemoteRetriever`), checked
+    1. ``url``: the retrieval service there (:class:`~kunlunlab.retrieval.client.RemoteRetriever`), checked
        before it is returned (``GET /health``: up and ready, and, if ``index_config.embedder`` is set, built
        with that embedder). Requests are tried ``attempts`` times with exponential ``backoff`` seconds and a
        ``timeout`` each; a service that stays down raises ``RetrievalServiceError`` naming the URL and the

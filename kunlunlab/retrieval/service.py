@@ -17,9 +17,9 @@ instead of letting latency grow without limit. Requests over the limits (``max_q
 ``max_topk``, ``max_query_chars``, empty queries) get a 422 that names the limit and the value; a body over
 ``max_body_bytes`` gets a 413 before it is read. A request whose client disconnects leaves the queue.
 
-:class:`RequestGuard` (an optional bearer token, the body cap), :func:`client_gone` and :func:`make_server` (one
-SIGTERM stops the server: queued work is refused before uvicorn waits for the requests in flight) are shared with
-``kunlunlab serve-llm`` (:mod:`kunlunlab.agent.server`).
+The server's shell (the lifespan, the drain at the first SIGTERM, the bearer key and the body cap, one-line 422s,
+the 503 with ``Retry-After``) is :mod:`kunlunlab.http.server`, shared with ``kunlunlab serve-llm``
+(:mod:`kunlunlab.agent.server`).
 
 The client (:class:`~kunlunlab.retrieval.client.RetrievalClient`, ``RemoteRetriever``) lives in
 :mod:`kunlunlab.retrieval.client`, which imports no web framework. :mod:`kunlunlab.bench.loadtest` drives the
@@ -28,120 +28,21 @@ service with many clients.
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
-import threading
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, suppress
+from contextlib import suppress
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from kunlunlab.retrieval.client import RetrievalServiceError, free_port
+from kunlunlab.http.server import CLIENT_CLOSED_REQUEST, ServerThread, busy, client_gone, make_server, service_app
+from kunlunlab.retrieval.client import RetrievalServiceError
 from kunlunlab.retrieval.retriever import Hit, Retriever
 
 WARMUP_QUERY = "warm-up query"
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client left before the answer (never seen by it)
 
 
-# ---------------------------------------------------------------------------- shared with serve-llm
-class RequestGuard:
-    """ASGI middleware in front of both servers: the API key, then the body size, before anything parses the body.
-
-    ``api_key``: every path but ``open_paths`` (``/health``, for probes) needs ``Authorization: Bearer <key>``, as
-    vLLM's ``--api-key``; otherwise 401. ``max_body_bytes``: a declared ``Content-Length`` above it is answered 413
-    at once and the connection closed, so the body is never read (issue 44: a 40 MB body was read whole before its
-    422); a body sent without a length is counted as it arrives and refused when it passes the limit."""
-
-    def __init__(self, app, api_key: str | None = None, max_body_bytes: int | None = None,
-                 open_paths: tuple[str, ...] = ("/health",)):
-        self.app, self.api_key, self.max_body_bytes, self.open_paths = app, api_key, max_body_bytes, open_paths
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key and scope.get("path") not in self.open_paths:
-            given = headers.get("authorization", "").encode()
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                return await _refuse(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer "
-                                                "<key>' (the server's --api-key)", {"www-authenticate": "Bearer"})
-        limit = self.max_body_bytes
-        if limit is None:
-            return await self.app(scope, receive, send)
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            return await _refuse(send, 413, f"request body of {declared} bytes is over the limit of {limit} bytes "
-                                            "(max_body_bytes)")
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:  # FastAPI passes an HTTPException raised while it reads the body on as is
-                    raise HTTPException(status_code=413, detail=f"request body is over the limit of {limit} bytes "
-                                                                "(max_body_bytes)")
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-
-async def _refuse(send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-    """An error answered before the body is read; ``Connection: close`` so the unread body is not parsed as the
-    next request."""
-    body = json.dumps({"detail": detail}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-           (b"connection", b"close")] + [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
-def one_line_validation_errors(app: FastAPI) -> None:
-    """A malformed body is a 422 whose ``detail`` is one line (where and what), not FastAPI's list of error
-    objects: the clients print ``detail`` as it is."""
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(part) for part in first.get("loc", ()) if part != "body") or "body"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        return JSONResponse({"detail": f"invalid request: {where}: {first.get('msg')}{more}"}, status_code=422)
-
-
-async def client_gone(request: Request) -> None:
-    """Returns once the client has closed the connection. Call it after the body has been read: the server's
-    next message is then ``http.disconnect``, sent when the socket closes, so this waits without polling."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def make_server(app, host: str, port: int, log_level: str = "info", graceful_s: float = 5.0):
-    """A uvicorn server that calls ``await app.state.drain()`` (when the app has one) as soon as it is told to stop.
-
-    uvicorn waits for the requests in flight before it runs the lifespan's shutdown, so work they wait for (a queue,
-    a generation) must be stopped first, or one SIGTERM only logs "Waiting for background tasks to complete"
-    (issue 44). ``graceful_s`` bounds that wait (uvicorn's ``timeout_graceful_shutdown``)."""
-    import uvicorn  # deferred: only serving needs the ASGI server
-
-    class _DrainingServer(uvicorn.Server):
-        async def shutdown(self, sockets=None):
-            drain = getattr(app.state, "drain", None) if hasattr(app, "state") else None
-            if drain is not None:
-                await drain()
-            await super().shutdown(sockets=sockets)
-
-    return _DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                          timeout_graceful_shutdown=graceful_s))
-
-
-# ---------------------------------------------------------------------------- the retrieval service
 class RetrieveRequest(BaseModel):
     queries: list[str]
     topk: int = 3
@@ -368,7 +269,8 @@ def create_app(retriever: Retriever, added_latency_ms: float = 0.0, *, micro_bat
                max_body_bytes: int | None = None, api_key: str | None = None) -> FastAPI:
     """``added_latency_ms`` simulates a slower, wider "network" search tier (used by NLR); it delays each
     answer without holding the retriever. The service is ready once a warm-up search has succeeded.
-    ``max_body_bytes`` (None: :func:`default_max_body_bytes`) and ``api_key`` (None: no key): :class:`RequestGuard`."""
+    ``max_body_bytes`` (None: :func:`default_max_body_bytes`) and ``api_key`` (None: no key):
+    :class:`~kunlunlab.http.server.RequestGuard`."""
     if max_body_bytes is None:
         max_body_bytes = default_max_body_bytes(max_queries, max_query_chars)
     if batch_window_ms < 0 or min(max_batch_queries, max_batch_chars, max_queue, max_queries, max_topk,
@@ -380,19 +282,9 @@ def create_app(retriever: Retriever, added_latency_ms: float = 0.0, *, micro_bat
               "max_body_bytes": max_body_bytes, "max_queue": max_queue, "max_batch_queries": max_batch_queries,
               "max_batch_chars": max_batch_chars}
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-
-    app = FastAPI(title="kunlunlab retriever", version="1", lifespan=lifespan)
+    app = service_app("kunlunlab retriever", start=batcher.start, stop=batcher.stop, drain=batcher.close,
+                      api_key=api_key, max_body_bytes=max_body_bytes)
     app.state.batcher = batcher
-    app.state.drain = batcher.close
-    app.add_middleware(RequestGuard, api_key=api_key, max_body_bytes=max_body_bytes)
-    one_line_validation_errors(app)
 
     @app.get("/health")
     async def health() -> dict:
@@ -405,10 +297,9 @@ def create_app(retriever: Retriever, added_latency_ms: float = 0.0, *, micro_bat
     async def retrieve(body: RetrieveRequest, request: Request) -> Response:
         check_request(body, max_queries, max_topk, max_query_chars)
         if batcher.closed:
-            raise HTTPException(status_code=503, detail="the service is shutting down", headers={"Retry-After": "1"})
+            raise busy("the service is shutting down")
         if not batcher.ready:
-            raise HTTPException(status_code=503, detail="service is starting: the warm-up search has not finished",
-                                headers={"Retry-After": "1"})
+            raise busy("service is starting: the warm-up search has not finished")
         search = asyncio.ensure_future(batcher.submit(body.queries, body.topk))
         gone = asyncio.ensure_future(client_gone(request))
         try:
@@ -421,7 +312,7 @@ def create_app(retriever: Retriever, added_latency_ms: float = 0.0, *, micro_bat
         try:
             results = search.result()
         except (QueueFull, ShuttingDown) as err:
-            raise HTTPException(status_code=503, detail=str(err), headers={"Retry-After": "1"}) from err
+            raise busy(str(err)) from err
         except Exception as err:
             raise HTTPException(status_code=500, detail=f"search failed: {type(err).__name__}: {err}") from err
         if added_latency_ms:
@@ -434,47 +325,15 @@ def create_app(retriever: Retriever, added_latency_ms: float = 0.0, *, micro_bat
     return app
 
 
-class ServiceThread:
-    """Runs the service on loopback in a background thread (notebooks, tests): ``with ServiceThread(r) as url:``.
+class ServiceThread(ServerThread):
+    """Runs the service over ``retriever`` on loopback in a background thread (notebooks, tests):
+    ``with ServiceThread(r) as url:``. ``options`` go to :func:`create_app` (``micro_batching``,
+    ``batch_window_ms``, ``max_queue``, ...); a warm-up search that fails raises :class:`RetrievalServiceError`."""
 
-    ``options`` go to :func:`create_app` (``micro_batching``, ``batch_window_ms``, ``max_queue``, ...)."""
+    start_error = RetrievalServiceError
 
-    def __init__(self, retriever: Retriever | None = None, port: int | None = None, added_latency_ms: float = 0.0,
-                 app: FastAPI | None = None, **options):
-        if (retriever is None) == (app is None):
-            raise ValueError("give either a retriever or an app")
-        self.port = port or free_port()
-        self.server = make_server(app or create_app(retriever, added_latency_ms, **options), "127.0.0.1", self.port,
-                                  log_level="warning")
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        with suppress(SystemExit):  # uvicorn exits when the startup (warm-up) fails; start() reports it
-            self.server.run()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> str:
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RetrievalServiceError(f"service did not start on port {self.port} (see the log above: "
-                                            "a failed warm-up search or a port in use)")
-            time.sleep(0.02)
-        return self.url
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __init__(self, retriever: Retriever, port: int | None = None, added_latency_ms: float = 0.0, **options):
+        super().__init__(create_app(retriever, added_latency_ms, **options), port)
 
 
 def serve(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, added_latency_ms: float = 0.0,

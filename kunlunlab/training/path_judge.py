@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-import httpx
+from kunlunlab.http.client import RetryPolicy, ServiceClient, ServiceError
 
 
-class JudgeUnavailableError(RuntimeError):
+class JudgeUnavailableError(ServiceError):
     """The judge endpoint could not be reached or answered badly."""
 
 
@@ -22,18 +22,20 @@ JUDGE_PATH_USER = ("Question: {question}\nGold answer(s): {golds}\n\nThe assista
 class PathJudge:
     """Scores partial paths through an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, SGLang, …).
     ``transport`` replaces the network (``httpx.MockTransport`` in the tests). A reply without an integer scores
-    0 and is counted in ``stats["unparsed"]``."""
+    0 and is counted in ``stats["unparsed"]``. A connection failure or HTTP 429/5xx is tried again up to
+    ``retries`` times, after ``backoff`` seconds doubling each time or the server's ``Retry-After`` when longer,
+    each wait at most ``max_backoff``; then one :class:`JudgeUnavailableError` names the endpoint."""
 
-    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0, retries: int = 1,
-                 max_path_chars: int = 6000, transport=None):
+    def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 60.0, retries: int = 3,
+                 backoff: float = 0.25, max_backoff: float = 30.0, max_path_chars: int = 6000, transport=None):
         if not url or not model:
             raise ValueError("the judge value source needs mcts.judge_url and mcts.judge_model")
-        self.url = url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
-        self.model, self.retries, self.max_path_chars = model, retries, max_path_chars
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        hint = (f"; start an OpenAI-compatible server for {model!r} (e.g. `vllm serve {model}`) or set "
+                "mcts.value_source to 'gold' or 'rollout'")
+        self.service = ServiceClient(url, "path judge", error=JudgeUnavailableError, v1=True, timeout=timeout,
+                                     retry=RetryPolicy.from_retries(retries, backoff, max_backoff), api_key=api_key,
+                                     hint=hint, transport=transport)
+        self.url, self.model, self.max_path_chars = self.service.url, model, max_path_chars
         self.stats = {"judged": 0, "unparsed": 0}
 
     def score(self, question: str, answers: Sequence[str], path: str) -> float:
@@ -44,31 +46,18 @@ class PathJudge:
                    "messages": [{"role": "system", "content": JUDGE_PATH_SYSTEM},
                                 {"role": "user", "content": JUDGE_PATH_USER.format(
                                     question=question, golds=" | ".join(answers), path=path)}]}
-        last: Exception | None = None
-        for _ in range(self.retries + 1):
-            try:
-                response = self.http.post(self.url + "/chat/completions", json=payload)
-            except httpx.HTTPError as err:
-                last = err
-                continue
-            if response.status_code == 200:
-                try:
-                    content = response.json()["choices"][0]["message"]["content"] or ""
-                except (KeyError, IndexError, TypeError, ValueError) as err:
-                    raise JudgeUnavailableError(f"judge {self.url} answered without a chat completion: "
-                                                f"{response.text[:200]}") from err
-                self.stats["judged"] += 1
-                match = re.search(r"\d+(?:\.\d+)?", content)
-                if match is None:
-                    self.stats["unparsed"] += 1
-                    return 0.0
-                return min(10.0, max(0.0, float(match.group()))) / 10.0
-            last = RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-            if response.status_code < 500:
-                break
-        raise JudgeUnavailableError(
-            f"judge endpoint {self.url} unreachable or failing ({last}); start an OpenAI-compatible server for "
-            f"{self.model!r} (e.g. `vllm serve {self.model}`) or set mcts.value_source to 'gold' or 'rollout'")
+        data = self.service.json("POST", "/chat/completions", payload)
+        try:
+            content = data["choices"][0]["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError) as err:
+            raise JudgeUnavailableError(f"path judge at {self.url} answered without a chat completion: "
+                                        f"{str(data)[:200]}") from err
+        self.stats["judged"] += 1
+        match = re.search(r"\d+(?:\.\d+)?", content)
+        if match is None:
+            self.stats["unparsed"] += 1
+            return 0.0
+        return min(10.0, max(0.0, float(match.group()))) / 10.0
 
     def __call__(self, items: Sequence[tuple[str, Sequence[str], str]]) -> list[float]:
         return [self.score(q, a, p) for q, a, p in items]

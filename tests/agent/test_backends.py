@@ -7,8 +7,8 @@ from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.server import create_app
 from kunlunlab.agent.transformers_backend import _shared_prefix_length
-from kunlunlab.retrieval.client import free_port
-from kunlunlab.retrieval.service import ServiceThread
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
 
 QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "Name a primary colour."]
 
@@ -55,7 +55,7 @@ def test_stop_strings_end_a_row_and_are_kept(backend):
 
 
 def test_openai_backend_matches_the_local_backend_through_the_server(backend, prompts):
-    with ServiceThread(app=create_app(backend)) as url:
+    with ServerThread(create_app(backend)) as url:
         remote = OpenAIBackend(url, backend.name)
         got = generate_once(remote, prompts[:2], 16, stop=())
         session = remote.open(prompts[:1])

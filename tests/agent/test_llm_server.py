@@ -19,8 +19,8 @@ from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.openai_backend import API_KEY_ENV, OpenAIBackend
 from kunlunlab.agent.server import create_app
 from kunlunlab.agent.transformers_backend import GenerationCancelled
-from kunlunlab.retrieval.client import free_port
-from kunlunlab.retrieval.service import ServiceThread
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
 from scripted import CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def _wait_for(predicate, timeout: float = 10.0) -> None:
 @pytest.fixture
 def slow():
     backend = SlowBackend()
-    with ServiceThread(app=create_app(backend, max_tokens=LONG, max_model_len=LONG + 64, max_queue=1)) as url:
+    with ServerThread(create_app(backend, max_tokens=LONG, max_model_len=LONG + 64, max_queue=1)) as url:
         yield url, backend
 
 
@@ -178,7 +178,7 @@ def test_health_states_the_limits_and_the_models_list_the_context(slow):
 
 
 def test_a_body_over_the_limit_is_a_413_naming_it():
-    with ServiceThread(app=create_app(SlowBackend(), max_model_len=64, max_body_bytes=1000)) as url:
+    with ServerThread(create_app(SlowBackend(), max_model_len=64, max_body_bytes=1000)) as url:
         declared = _post(url, {"prompt": "x" * 5000})
         streamed = httpx.post(url + "/v1/completions", content=(b"x" * 600 for _ in range(3)), timeout=10)
     assert declared.status_code == 413
@@ -189,7 +189,7 @@ def test_a_body_over_the_limit_is_a_413_naming_it():
 
 def test_the_api_key_is_required_and_the_openai_backend_sends_it(monkeypatch):
     backend = SlowBackend(step_s=0)
-    with ServiceThread(app=create_app(backend, api_key="s3cret")) as url:
+    with ServerThread(create_app(backend, api_key="s3cret")) as url:
         missing = _post(url, {"prompt": "hi", "max_tokens": 2})
         wrong = _post(url, {"prompt": "hi", "max_tokens": 2}, headers={"Authorization": "Bearer guess"})
         right = _post(url, {"prompt": "hi", "max_tokens": 2}, headers={"Authorization": "Bearer s3cret"})
@@ -275,7 +275,7 @@ def test_the_local_session_stops_within_a_token_when_cancelled(backend):
 
 def test_the_server_cancels_an_abandoned_generation_of_the_real_model(backend):
     counting = ", ".join(str(i) for i in range(1, 30)) + ","
-    with ServiceThread(app=create_app(backend)) as url:
+    with ServerThread(create_app(backend)) as url:
         assert _Abandon(url, {"prompt": counting, "max_tokens": 4000, "temperature": 0}, timeout=1.0).join()
         started = time.perf_counter()
         short = _post(url, {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}, timeout=120)

@@ -13,8 +13,9 @@ from kunlunlab.agent.nlr import (ACTIONS, FAILURE_FEATURE, N_FEATURES, NLRConfig
                                  state_features)
 from kunlunlab.retrieval import IndexConfig, build_retriever
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError, free_port
-from kunlunlab.retrieval.service import ServiceThread
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
+from kunlunlab.retrieval.client import RetrievalClient, RetrievalServiceError
 
 
 def test_reward_is_relative_recall_gain_plus_relative_latency_saving():
@@ -146,7 +147,7 @@ def test_searxng_client_reads_the_json_api():
         return {"results": [{"url": f"https://e.org/{q}/{i}", "title": f"T{i}", "content": f"about {q}"}
                             for i in range(5)]}
 
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         hits = SearxngClient(url)(["alpha", "beta"], 2)
     assert [[h.id for h in hs] for hs in hits] == [["https://e.org/alpha/0", "https://e.org/alpha/1"],
                                                  ["https://e.org/beta/0", "https://e.org/beta/1"]]

@@ -12,8 +12,8 @@ from kunlunlab.agent.backends import chat_prompt_ids, text_ids
 from kunlunlab.agent.protocols import SEARCH_R1_INVALID, get_protocol
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.cli import main
+from kunlunlab.http.server import ServerThread
 from kunlunlab.models import load_llm, resolve_llm
-from kunlunlab.retrieval.service import ServiceThread
 from scripted import CountingSearch, ScriptedBackend
 
 ANSWER = "Qxzzyv"  # no gold answer of the world: the prediction can only come from the served turns
@@ -92,7 +92,7 @@ def _stand_in(name: str, tokenizer, seen: list) -> FastAPI:
 def test_kunlunlab_eval_runs_a_served_peer_checkpoint_in_its_protocol(name, tokenizer, tmp_path, capsys):
     seen: list = []
     out = tmp_path / "records.jsonl"
-    with ServiceThread(app=_stand_in(name, tokenizer, seen)) as url:
+    with ServerThread(_stand_in(name, tokenizer, seen)) as url:
         code = main(["eval", "--dataset", "world", "--method", name, "--limit", "3", "--index-kind", "bm25",
                      "--llm-url", url, "--model", resolve_llm(None), "--out", str(out)])
     assert code == 0

@@ -13,8 +13,8 @@ from kunlunlab.configs import apply_overrides, build_dataclass
 from kunlunlab.eval.harness import EvalConfig, build_pipeline
 from kunlunlab.eval.metrics import title_recall_curve
 from kunlunlab.retrieval.retriever import Hit
+from kunlunlab.http.server import ServerThread
 from kunlunlab.retrieval.client import RetrievalServiceError
-from kunlunlab.retrieval.service import ServiceThread
 from scripted import CharTokenizer, CountingSearch, PrefixScriptedBackend
 
 CHAIN = {  # row -> (first turn, turn after a result); the method's assistant prefix "<think>" opens each reply
@@ -174,7 +174,7 @@ def test_condensation_through_an_openai_compatible_server_matches_the_local_mode
             for q, hits in zip(questions[:2], world_retriever.search([q.question for q in questions[:2]], 2))]
     config = ReasonInDocumentsConfig(max_tokens=12)
     local, calls = reason_in_documents(backend, jobs, config, 300)
-    with ServiceThread(app=create_app(backend)) as url:
+    with ServerThread(create_app(backend)) as url:
         remote, _ = reason_in_documents(OpenAIBackend(url, backend.name), jobs, config, 300)
     assert calls == 1 and [a.reply for a in remote] == [a.reply for a in local]
     assert all(0 < a.tokens <= 12 and a.information for a in local)

@@ -28,8 +28,9 @@ from kunlunlab.eval.records import RecordsConflict, kept_records, records_config
 from kunlunlab.eval.judge import LLMJudge
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval import IndexConfig, build_retriever
-from kunlunlab.retrieval.client import free_port
-from kunlunlab.retrieval.service import ServiceThread, create_app
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
+from kunlunlab.retrieval.service import create_app
 
 N, BATCH = 8, 2  # 8 world questions in batches of 2
 
@@ -159,7 +160,7 @@ class Killable:
                 served[0] += 1
             return await call_next(request)
 
-        self.thread = ServiceThread(app=app, port=self.port)
+        self.thread = ServerThread(app, port=self.port)
         self.thread.start()
 
     def restart(self, budget: int | None = None) -> None:
@@ -434,8 +435,8 @@ def test_eval_resumes_after_a_killed_retrieval_service_and_a_killed_generation_s
     llm.restart(budget=1)  # answers the third batch, dies on the fourth: that one is searched, never answered
     assert main(eval_argv(retrieval, llm, out)) == 1
     line = last_line(capsys.readouterr().err)
-    assert line.startswith(f"kunlunlab eval: a generation server failed, evaluation stopped: generation server "
-                           f"{llm.url}/v1 failed")
+    assert line.startswith(f"kunlunlab eval: a generation server failed, evaluation stopped: generation server at "
+                           f"{llm.url}/v1 is unavailable after 6 attempts: ")
     assert line.endswith(f"; 6 of 8 records kept in {out}: rerun the same command to resume")
     assert record_ids(out) == ids[:6]
 
@@ -553,7 +554,7 @@ def test_suite_resumes_after_a_killed_judge_and_a_killed_retrieval_service(suite
     assert main(suite_argv(retrieval, judge, out)) == 1
     err = capsys.readouterr().err
     line = last_line(err)
-    assert line.startswith(f"kunlunlab suite: a generation server failed, suite stopped: judge server {judge.url}/v1")
+    assert line.startswith(f"kunlunlab suite: a generation server failed, suite stopped: judge server at {judge.url}/v1")
     assert line.endswith(f"; 2 records kept in {records} (1 file): rerun the same command to resume")
     assert "Traceback" not in err and record_ids(naive_gen) == ids[:2] and not naive_rag.exists()
 

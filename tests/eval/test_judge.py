@@ -13,8 +13,8 @@ from kunlunlab.cli import build_parser, eval_config_from_args, main
 from kunlunlab.eval.harness import EvalConfig, make_judge_backend
 from kunlunlab.eval.judge import JUDGE_SYSTEM, ChatJudgeBackend, JudgeServiceError
 from kunlunlab.models import resolve_llm
-from kunlunlab.retrieval.client import free_port
-from kunlunlab.retrieval.service import ServiceThread
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
 
 PREDICTION = "Qxzzyv"  # no world gold answer matches it, so no verdict comes from the rules
 
@@ -67,7 +67,7 @@ def summary_of(capsys) -> dict:
 
 def test_chat_judge_verdicts_cache_and_unparsed_through_kunlunlab_eval(eval_args, tmp_path, capsys):
     app, seen = stand_in(["Yes.", "no", "Perhaps so"])
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         assert main(eval_args(url, "first.jsonl")) == 0
         first = summary_of(capsys)
         # "Yes." -> 1, "no" -> 0, "Perhaps so" -> 0 and unparsed; all three judged by the server
@@ -93,29 +93,30 @@ def test_chat_judge_verdicts_cache_and_unparsed_through_kunlunlab_eval(eval_args
 
 
 def test_a_failing_judge_server_is_an_error_not_a_verdict(eval_args, tmp_path, capsys):
-    # Chat requests fail (HTTP 503, retried twice): the eval stops with one line; no records and no LJ are written.
+    # Chat requests fail (HTTP 503, retried 3 times, the default): the eval stops with one line; no records and no LJ
+    # are written.
     app, seen = stand_in([], chat_status=503)
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         assert main(eval_args(url, "failing.jsonl")) == 1
-    assert len(seen["chat"]) == 3 and not (tmp_path / "failing.jsonl").exists()
+    assert len(seen["chat"]) == 4 and not (tmp_path / "failing.jsonl").exists()
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("kunlunlab eval: a generation server failed, evaluation stopped:")
     assert "HTTP 503" in err and "judge overloaded" in err
     # A server that fails everything, or none at all: one error line before any question runs.
     app, seen = stand_in([], chat_status=500, models_status=500)
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         assert main(eval_args(url, "dead.jsonl")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kunlunlab eval: judge server") and "HTTP 500" in err and "\n" not in err
     assert seen["chat"] == [] and not (tmp_path / "dead.jsonl").exists()
     assert main(eval_args(f"http://127.0.0.1:{free_port()}", "none.jsonl")) == 2
-    assert "unreachable" in capsys.readouterr().err
+    assert "is unavailable after 4 attempts: ConnectError" in capsys.readouterr().err
 
 
 def test_a_refused_key_names_the_environment_variable(monkeypatch):
     monkeypatch.delenv("KL_TEST_NO_SUCH_KEY", raising=False)
     app, _ = stand_in([], models_status=401)
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         with pytest.raises(JudgeServiceError, match="HTTP 401.*KL_TEST_NO_SUCH_KEY is not set"):
             ChatJudgeBackend(url, "judge-model", key_env="KL_TEST_NO_SUCH_KEY")
 
@@ -133,6 +134,6 @@ def test_judge_api_flag_selects_the_route_and_chat_is_the_default():
         build_parser().parse_args(["eval", "--dataset", "world", "--judge-api", "rest"])
     # completions: the token-id backend of the answering side, with the judge's tokenizer loaded here
     app, seen = stand_in([])
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         backend = make_judge_backend(EvalConfig(judge=resolve_llm(None), judge_url=url, judge_api="completions"), None)
         assert type(backend).__name__ == "OpenAIBackend" and seen["models"] == 0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import kunlunlab
 
-ABOVE_DATA = ("kunlunlab.retrieval", "kunlunlab.agent", "kunlunlab.training", "kunlunlab.eval", "kunlunlab.viz",
+ABOVE_DATA = ("kunlunlab.http", "kunlunlab.retrieval", "kunlunlab.agent", "kunlunlab.training", "kunlunlab.eval", "kunlunlab.viz",
               "kunlunlab.cli", "kunlunlab.studies", "kunlunlab.bench", "kunlunlab.runner")
 
 
@@ -25,11 +25,12 @@ def test_data_imports_nothing_from_higher_layers():
 
 
 # The layers of the package, bottom up: a module imports only from its own layer or the ones below
-# (training and eval share a layer; training may evaluate, eval never trains).
-LAYERS = {"kunlunlab.paths": 0, "kunlunlab.models": 0, "kunlunlab.configs": 0, "kunlunlab.data": 1, "kunlunlab.retrieval": 2,
-          "kunlunlab.agent": 3, "kunlunlab.eval": 4, "kunlunlab.training": 4, "kunlunlab.studies": 5,
-          "kunlunlab.viz": 6, "kunlunlab.bench": 7, "kunlunlab.runner": 7, "kunlunlab.cli": 8,
-          "kunlunlab.cli_parsers": 8}
+# (training and eval share a layer; training may evaluate, eval never trains). kunlunlab.http, the HTTP plumbing
+# every client and both servers share, sits below the retrieval and the agent that use it.
+LAYERS = {"kunlunlab.paths": 0, "kunlunlab.models": 0, "kunlunlab.configs": 0, "kunlunlab.data": 1, "kunlunlab.http": 2,
+          "kunlunlab.retrieval": 3, "kunlunlab.agent": 4, "kunlunlab.eval": 5, "kunlunlab.training": 5,
+          "kunlunlab.studies": 6, "kunlunlab.viz": 7, "kunlunlab.bench": 8, "kunlunlab.runner": 8, "kunlunlab.cli": 9,
+          "kunlunlab.cli_parsers": 9}
 
 
 def layer_of(module: str) -> tuple[str, int] | None:
@@ -83,8 +84,43 @@ def test_the_agent_training_and_evaluation_import_no_web_framework():
     import sys
 
     code = ("import sys\nimport kunlunlab.training.pipeline, kunlunlab.eval.harness, kunlunlab.studies.suite, "
-            "kunlunlab.agent.methods, kunlunlab.retrieval\n"
+            "kunlunlab.agent.methods, kunlunlab.retrieval, kunlunlab.http.client, kunlunlab.agent.openai_backend, "
+            "kunlunlab.eval.judge, kunlunlab.training.path_judge\n"
             "print(sorted(m for m in ('fastapi', 'starlette', 'pydantic', 'uvicorn') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _sources() -> list[Path]:
+    root = Path(kunlunlab.__file__).parent.parent
+    return [p for folder in ("kunlunlab", "tests", "apps", "notebooks", "experiments") for p in (root / folder).rglob("*.py")]
+
+
+# names another module may define as a thin call into kunlunlab.http (the retrieval client's bearer_headers reads
+# the retrieval service's key variable by default, for the load test)
+DELEGATES = {"bearer_headers"}
+
+
+def test_http_plumbing_lives_in_kunlunlab_http_alone():
+    """The server shell and the client helper are kunlunlab.http's (issue 55: serve-llm imported its shell from the
+    retrieval service, and each client carried its own retry loop): nothing imports them from the retrieval
+    service, the LLM server imports nothing of the retrieval, and no other module defines them again."""
+    import kunlunlab.http.client
+    import kunlunlab.http.server
+
+    plumbing = set(kunlunlab.http.server.__all__) | set(kunlunlab.http.client.__all__)
+    assert {"RequestGuard", "make_server", "client_gone", "service_app", "ServiceClient", "RetryPolicy"} <= plumbing
+    via_service, redefined = [], []
+    for path in _sources():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "kunlunlab.retrieval.service":
+                via_service += [f"{path.name}: {a.name}" for a in node.names if a.name in plumbing]
+            if (isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in plumbing - DELEGATES
+                    and "http" not in path.relative_to(Path(kunlunlab.__file__).parent.parent).parts[1:2]):
+                redefined.append(f"{path.name}: {node.name}")
+    assert not via_service, via_service
+    assert not redefined, redefined
+    server = Path(kunlunlab.__file__).parent / "agent" / "server.py"
+    assert not [m for m in imported_modules(server) if m.startswith("kunlunlab.retrieval")]

@@ -1,8 +1,13 @@
 """The README is a front door that stays honest: short, the two commands first, a package layout equal to the
-tree, and no relative link in it or in docs/ that points nowhere. Everything is read from the files at run time."""
+tree, every command listed, and no relative link in it, in docs/ or in a notebook's markdown that points nowhere:
+neither to a missing file nor to a missing section (``#anchor``). Everything is read from the files at run time."""
+import argparse
+import json
 import re
 from pathlib import Path
 from urllib.parse import unquote
+
+from kunlunlab.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -15,6 +20,10 @@ LAYOUT_LINE = re.compile(r"^\s*[-*]\s+`(kunlunlab/[^`]+\.py)`")
 # [text](target) and ![alt](target): the target in <angle brackets>, or up to whitespace or ")"; a "title" may follow
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*(?:<([^>]+)>|([^)\s]+))(?:\s+\"[^\"]*\")?\s*\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
+HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
+HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+# the README's list of commands: "`kunlunlab build-index | serve-retriever | ... | run-notebooks`"
+COMMAND_LIST = re.compile(r"`kunlunlab ([a-z-]+(?:\s*\|\s*[a-z-]+)+)`")
 
 
 def readme_lines() -> list[str]:
@@ -53,17 +62,79 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def relative_links(path: Path) -> list[tuple[int, str]]:
-    """(line number, target) of every link that names a file relative to ``path``."""
+def markdown_links(text: str, same_page: bool = False) -> list[tuple[int, str]]:
+    """(line number, target) of every link in markdown ``text`` that names a file (relative to the page) or, with
+    ``same_page``, a section of the page itself (``#anchor``); URLs (http:, mailto:) are left out."""
     links = []
-    for number, line in prose_lines(path.read_text(encoding="utf-8")):
+    for number, line in prose_lines(text):
         line = re.sub(r"`[^`]*`", "", line)  # inline code is not a link either
         for bracketed, bare in LINK.findall(line):
             target = bracketed or bare
-            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith(("#", "//")):
-                continue  # http(s):, mailto: and the like; a same-page anchor
+            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("//"):
+                continue  # http(s):, mailto: and the like
+            if target.startswith("#") and not same_page:
+                continue
             links.append((number, target))
     return links
+
+
+def relative_links(path: Path) -> list[tuple[int, str]]:
+    """(line number, target) of every link that names a file relative to ``path``."""
+    return markdown_links(path.read_text(encoding="utf-8"))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text (a link's text, no backticks) lower-cased, punctuation dropped,
+    spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors a markdown page defines: one per heading (a repeated one gets -1, -2, ... as on GitHub) and
+    every ``<a name=...>`` / ``<a id=...>``."""
+    found, seen = set(), {}
+    for _, line in prose_lines(text):
+        if (m := HEADING.match(line)):
+            base = slug(m.group(1))
+            found.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+        found.update(HTML_ANCHOR.findall(line))
+    return found
+
+
+def notebook_markdown(path: Path) -> str:
+    """The markdown cells of a notebook, one after the other: a jupytext py:percent source's ``# %% [markdown]``
+    cells (each line's leading "# " removed) or an ``.ipynb``'s markdown cells. Line numbers are the cells' own."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    cells, current = [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# %%"):
+            current = [] if "[markdown]" in line else None
+            if current is not None:
+                cells.append(current)
+        elif current is not None:
+            current.append(re.sub(r"^# ?", "", line))
+    return "\n".join("\n".join(cell) for cell in cells)
+
+
+def broken_links(page: Path, text: str, root: Path = ROOT) -> list[str]:
+    """``page``'s links (in ``text``) to a file that does not exist, or to a section its markdown target lacks."""
+    broken = []
+    for number, target in markdown_links(text, same_page=True):
+        file_part, _, anchor = unquote(target).partition("#")
+        file_part = file_part.split("?", 1)[0]
+        resolved = (page.parent / file_part).resolve() if file_part else page
+        where = f"{page.relative_to(root)}:{number}: {target}"
+        if not resolved.exists():
+            broken.append(f"{where} (no such file)")
+        elif anchor and resolved.suffix == ".md":
+            target_text = text if resolved == page else resolved.read_text(encoding="utf-8")
+            if anchor not in anchors(target_text):
+                broken.append(f"{where} (no section #{anchor} in {resolved.relative_to(root)})")
+    return broken
 
 
 def test_readme_is_short_and_starts_with_the_two_commands():
@@ -86,18 +157,29 @@ def test_package_layout_lists_exactly_the_module_files():
         f"stale (listed, not in the tree) {stale}; listed twice {repeated}")
 
 
-def test_relative_links_point_to_existing_files():
-    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+def test_relative_links_point_to_existing_files_and_sections():
     broken = []
-    for page in pages:
-        for number, target in relative_links(page):
-            file_part = unquote(target.split("#", 1)[0].split("?", 1)[0])
-            if not file_part:
-                continue
-            resolved = (page.parent / file_part).resolve()
-            if not resolved.exists():
-                broken.append(f"{page.relative_to(ROOT)}:{number}: {target}")
-    assert not broken, "relative links to files that do not exist:\n" + "\n".join(broken)
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        broken += broken_links(page, page.read_text(encoding="utf-8"))
+    assert not broken, "links to files or sections that do not exist:\n" + "\n".join(broken)
+
+
+def test_notebook_markdown_links_point_to_existing_files_and_sections():
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9]*.py")) + sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    assert notebooks
+    broken = []
+    for notebook in notebooks:
+        broken += broken_links(notebook, notebook_markdown(notebook))
+    assert not broken, "notebook links to files or sections that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_readme_lists_every_command():
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    text = " ".join(readme_lines())
+    listed = [name.strip() for m in COMMAND_LIST.finditer(text) for name in m.group(1).split("|")]
+    assert listed, "no command list (`kunlunlab build-index | serve-retriever | ...`) in README.md"
+    assert sorted(set(listed)) == sorted(subcommands), (f"README.md lists {sorted(set(listed))}, "
+                                                        f"the CLI has {sorted(subcommands)}")
 
 
 def test_the_layout_parser_reads_one_module_per_line():
@@ -113,3 +195,30 @@ def test_the_link_finder_skips_urls_anchors_and_code(tmp_path):
     page.write_text("[a](docs/x.md#part) ![fig](img.png \"title\") [web](https://example.org) [here](#top)\n"
                     "`[not](a-link.md)`\n```\n[in](code.md)\n```\n[b](<with space.md>)\n", encoding="utf-8")
     assert relative_links(page) == [(1, "docs/x.md#part"), (1, "img.png"), (6, "with space.md")]
+
+
+def test_anchors_follow_githubs_headings_and_a_missing_one_is_reported(tmp_path):
+    assert slug("How long `make run` takes") == "how-long-make-run-takes"
+    assert slug("1M vectors against FAISS's strongest configurations") == \
+        "1m-vectors-against-faisss-strongest-configurations"
+    assert slug("G192: the fair pair — with [background](x.md) reading") == "g192-the-fair-pair--with-background-reading"
+    text = "# Title\n## Part\n## Part\n```\n# not a heading\n```\n<a name=\"kept\"></a>\n"
+    assert anchors(text) == {"title", "part", "part-1", "kept"}
+    (tmp_path / "other.md").write_text("## There\n", encoding="utf-8")
+    page = tmp_path / "page.md"
+    text = "[ok](other.md#there) [gone](other.md#nowhere) [self](#here) [missing](#absent) [no](none.md)\n## Here\n"
+    page.write_text(text, encoding="utf-8")
+    assert broken_links(page, text, root=tmp_path) == ["page.md:1: other.md#nowhere (no section #nowhere in other.md)",
+                                                       "page.md:1: #absent (no section #absent in page.md)",
+                                                       "page.md:1: none.md (no such file)"]
+
+
+def test_a_notebooks_markdown_cells_are_read_from_both_forms(tmp_path):
+    source = tmp_path / "01_x.py"
+    source.write_text("# %% [markdown]\n# See [the docs](../docs/a.md#b).\n\n# %%\nx = '[code](c.md)'\n"
+                      "# %% [markdown]\n# and [more](d.md)\n", encoding="utf-8")
+    assert markdown_links(notebook_markdown(source)) == [(1, "../docs/a.md#b"), (3, "d.md")]
+    executed = tmp_path / "01_x.ipynb"
+    executed.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": ["See [the docs](e.md)"]},
+                                              {"cell_type": "code", "source": ["'[code](c.md)'"]}]}), encoding="utf-8")
+    assert markdown_links(notebook_markdown(executed)) == [(1, "e.md")]

@@ -15,7 +15,8 @@ from kunlunlab.data.loaders import load_corpus, load_named_corpus
 from kunlunlab.eval.harness import EvalConfig, ServiceSearch, open_eval_retriever
 from kunlunlab.retrieval import (IndexConfig, IndexMismatchError, RemoteRetriever, Retriever, RetrievalServiceError,
                                  build_retriever, load_retriever, open_retriever, passages_embedded, save_retriever)
-from kunlunlab.retrieval.client import free_port
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
 from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread
 
 
@@ -140,7 +141,7 @@ def hit(i, contents='"T"\ntext'):
 ])
 def test_an_http_error_or_a_malformed_answer_is_an_error_naming_the_url(answer, message):
     app, calls = app_answering(answer)
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         remote = RemoteRetriever(url, attempts=2, backoff=0.01)
         with pytest.raises(RetrievalServiceError, match=message) as err:
             remote.search(["q1", "q2"], 3)
@@ -151,7 +152,7 @@ def test_an_http_error_or_a_malformed_answer_is_an_error_naming_the_url(answer, 
 def test_a_search_r1_server_without_health_is_accepted_and_its_hits_read():
     app, calls = app_answering(lambda b: {"result": [[hit(7, '"Paris"\nCapital of France.')] for _ in b["queries"]]},
                                health=False)
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         remote = open_retriever(url=url)
         rows = remote.search(["capital of France"], 1)
     assert remote.info == {} and calls == [{"queries": ["capital of France"], "topk": 1, "return_scores": True}]
@@ -222,7 +223,7 @@ def test_eval_with_the_service_down_is_one_line_and_a_failing_exit(data_dir):  #
 def test_eval_against_a_service_answering_500_stops_with_one_line(data_dir, tmp_path, capsys):
     app, calls = app_answering(lambda b: JSONResponse({"detail": "index on fire"}, status_code=500))
     out = tmp_path / "records.jsonl"
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         code = main(["eval", "--dataset", "hotpotqa_distractor", "--method", "naive_rag", "--limit", "1",
                      "--retriever-url", url, "--out", str(out)])
     stderr = capsys.readouterr().err

@@ -16,7 +16,9 @@ from fastapi.responses import JSONResponse
 from kunlunlab.cli import main as cli_main
 from kunlunlab.retrieval import Hit, IndexConfig, build_retriever, load_retriever, save_retriever
 from kunlunlab.bench.loadtest import run_load
-from kunlunlab.retrieval.client import API_KEY_ENV, RemoteRetriever, RetrievalClient, RetrievalServiceError, free_port
+from kunlunlab.http.client import free_port
+from kunlunlab.http.server import ServerThread
+from kunlunlab.retrieval.client import API_KEY_ENV, RemoteRetriever, RetrievalClient, RetrievalServiceError
 from kunlunlab.retrieval.service import WARMUP_QUERY, ServiceThread, create_app
 
 
@@ -191,7 +193,7 @@ def test_client_retries_overload_and_honours_retry_after_within_reason():
             return JSONResponse({"detail": "queue full"}, status_code=503, headers={"Retry-After": "3600"})
         return {"result": [[{"document": {"id": "a", "contents": "A"}, "score": 1.0}]]}
 
-    with ServiceThread(app=app) as url:
+    with ServerThread(app) as url:
         hits = RetrievalClient(url, retries=2, backoff=0.01, max_backoff=0.5).retrieve(["q"])
     assert [h.id for h in hits[0]] == ["a"] and len(calls) == 3
     assert calls[1] - calls[0] >= 0.3  # the server's Retry-After, not the 0.01 s backoff

@@ -11,8 +11,8 @@ import pytest
 from kunlunlab.agent.backends import text_ids
 from kunlunlab.agent.protocol import RESULT_TEMPLATE
 from kunlunlab.agent.rollout import RolloutConfig, result_block
+from kunlunlab.http.client import free_port
 from kunlunlab.retrieval.retriever import Hit
-from kunlunlab.retrieval.client import free_port
 from kunlunlab.training.path_judge import JudgeUnavailableError, PathJudge
 from kunlunlab.training.preferences import preference_pairs, read_preferences, write_preferences, write_trees
 from kunlunlab.training.process_rewards import (MCTSConfig, SearchTree, StepNode, StepTreeSearch, gold_coverage,
@@ -210,7 +210,8 @@ def test_judge_value_source_with_a_fake_endpoint_and_a_clear_error_when_unreacha
     user = seen[0]["messages"][1]["content"]
     assert "Question: alpha?" in user and "Paris" in user and "passage 0 about alpha author" in user
     dead = PathJudge(f"http://127.0.0.1:{free_port()}", "judge-model", retries=0, timeout=2)
-    with pytest.raises(JudgeUnavailableError, match="unreachable"):
+    with pytest.raises(JudgeUnavailableError, match=r"path judge at http://127\.0\.0\.1:\d+/v1 is unavailable after 1 "
+                                                    r"attempt: ConnectError.*`vllm serve judge-model`"):
         dead.score("q", ["a"], "path")
     with pytest.raises(ValueError, match="judge_url"):
         make(MCTSConfig(value_source="judge"))[0].judge_values([(tree, s1)])

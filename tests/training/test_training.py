@@ -198,7 +198,7 @@ def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questi
     from types import SimpleNamespace
 
     from kunlunlab.agent.server import create_app
-    from kunlunlab.retrieval.service import ServiceThread
+    from kunlunlab.http.server import ServerThread
     from kunlunlab.training.dapo import SearchRollout
 
     model = backend.model
@@ -206,7 +206,7 @@ def test_rollouts_go_to_the_vllm_server_when_the_trainer_uses_vllm(world, questi
     cfg = DAPOStageConfig(num_generations=2, dynamic_sampling=False, temperature=0.0)
     rollout = SearchRollout(bm25.search, backend.tokenizer, {q.question: q.answers for q in questions},
                             RolloutConfig(max_turn_tokens=16, max_total_tokens=96, top_k=1), cfg, RewardConfig())
-    with ServiceThread(app=create_app(backend)) as url:
+    with ServerThread(create_app(backend)) as url:
         trainer = SimpleNamespace(
             use_vllm=True, num_generations=2, model=model, state=SimpleNamespace(global_step=0),
             args=SimpleNamespace(vllm_mode="server", seed=0, vllm_server_base_url=url + "/"),
