@@ -151,14 +151,13 @@ class PolicyModel(torch.nn.Module):
                 past_key_values=None):
         ids = input_ids.to(torch.float32)[:, None, :, None]
         keys, _ = past_key_values.update(ids, ids, 0)
-        rows = []
-        for b in range(keys.shape[0]):
-            history = keys[b, 0, :, 0][attention_mask[b].bool()].long().tolist()
-            rows.append(self.next_logits(self.tokenizer.decode(history, skip_special_tokens=False)))
-        # The logits of each row's last real token (its whole unmasked history); a session asking for several
-        # columns (a right-padded chunk) reads the one at that token, so every column gets the same row.
-        kept = 1 if isinstance(logits_to_keep, int) else len(logits_to_keep)
-        return SimpleNamespace(logits=torch.stack(rows)[:, None, :].expand(-1, kept, -1))
+        # The session's 4D mask says which cached columns each query column sees: a kept column's logits are those
+        # of the row's text up to it (its whole history), so a right-padded chunk's last real token reads its own.
+        columns = [input_ids.shape[1] - 1] if isinstance(logits_to_keep, int) else logits_to_keep.tolist()
+        rows = [torch.stack([self.next_logits(self.tokenizer.decode(
+            keys[b, 0, :, 0][attention_mask[b, 0, c]].long().tolist(), skip_special_tokens=False)) for c in columns])
+            for b in range(keys.shape[0])]
+        return SimpleNamespace(logits=torch.stack(rows))
 
     def next_logits(self, text: str):
         logits = torch.zeros(self.vocab)

@@ -5,9 +5,9 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 
-def tiny_llama(tokenizer, seed: int = 0, max_positions: int = 256):
+def tiny_llama(tokenizer, seed: int = 0, max_positions: int = 256, vocab_size: int | None = None):
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

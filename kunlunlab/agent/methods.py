@@ -47,6 +47,9 @@ class MethodConfig:
     reason_in_documents: ReasonInDocumentsConfig = field(default_factory=ReasonInDocumentsConfig)  # search_o1
     use_rdra: bool = True
     use_stie: bool = True
+    # rows a rollout keeps generating at a time over the questions of one ``run`` call (None: all at once); the
+    # evaluation harness sets it to its batch size and hands a continuous method several batches per call
+    max_batch: int | None = None
 
 
 @dataclass
@@ -59,6 +62,7 @@ class MethodOutput:
 
 class Method:
     name = ""
+    continuous = False  # run() keeps config.max_batch rows generating over any number of questions
 
     def __init__(self, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None):
         self.backend, self.search, self.config = backend, search, config or MethodConfig()
@@ -174,6 +178,7 @@ class IRCoT(Method):
 class _RolloutMethod(Method):
     system_prompt = SYSTEM_PROMPT
     protocol = "search_think"  # the agent protocol it speaks (kunlunlab.agent.protocols)
+    continuous = True
 
     def _engine(self) -> RolloutEngine:
         return RolloutEngine(self.backend, self.search, self.config.rollout, self.protocol)
@@ -188,7 +193,10 @@ class _RolloutMethod(Method):
         engine = self._engine()
         prefix = self._prefix()
         prompts = [chat_prompt_ids(self.tok, self._messages(q, b), prefix) for q, b in zip(questions, backgrounds)]
-        trajs = engine.run(prompts, questions, controller, [prefix] * len(questions))
+        if self.continuous:
+            trajs = engine.run(prompts, questions, controller, [prefix] * len(questions), self.config.max_batch)
+        else:
+            trajs = engine.run(prompts, questions, controller, [prefix] * len(questions))
         for t in trajs:
             self.search_errors.extend(t.search_errors)
         self.last_stats = engine.stats
@@ -222,6 +230,7 @@ class SearchO1(SearchThinkAgent):
 
     name = "search_o1"
     system_prompt = SEARCH_O1_SYSTEM
+    continuous = False  # its engine runs lock-step turns (the condensing step between them)
 
     def _engine(self) -> SearchO1Engine:
         return SearchO1Engine(self.backend, self.search, self.config.rollout, self.config.reason_in_documents)

@@ -143,6 +143,7 @@ class _TurnOutcome:
     appends: dict[int, str] = field(default_factory=dict)  # sample -> the result or feedback text it gets next
     new_blocks: dict[int, AnswerBlock] = field(default_factory=dict)  # sample -> the controller's new answer block
     done: list[int] = field(default_factory=list)  # samples that stop after this turn
+    segments: list[int] = field(default_factory=list)  # samples whose turn ended in this call
 
 
 class _Run:
@@ -220,17 +221,27 @@ class RolloutEngine:
         return dict(zip(unique, results)), error
 
     def run(self, prompts: Sequence[Sequence[int]], questions: Sequence[str],
-            controller: AnswerController | None = None, prefixes: Sequence[str] | None = None) -> list[Trajectory]:
+            controller: AnswerController | None = None, prefixes: Sequence[str] | None = None,
+            max_batch: int | None = None) -> list[Trajectory]:
         """``prefixes``: text at the end of each prompt that opens the assistant's reply (e.g. ``<think>``);
-        it is part of the prompt tokens, and the first turn is parsed as prefix + generated text."""
+        it is part of the prompt tokens, and the first turn is parsed as prefix + generated text.
+
+        ``max_batch`` (None: every prompt at once): rows generating at a time. On a session that can continue rows
+        one by one (``backend.sessions_continue``, the local one), a sample whose turn ends is searched and continues at
+        once instead of waiting for the batch's slowest turn, and a finished sample's slot takes the next prompt,
+        so the batch stays full; the samples' texts are the same as in lock-step turns (a row's tokens depend
+        only on its own columns)."""
         state = _Run(self.config, prompts, questions, prefixes, controller)
-        session = self.backend.open(prompts, self.config.sampling)
-        active = list(range(len(state.trajs)))
+        continues = getattr(self.backend, "sessions_continue", False)  # else lock-step turns, every prompt at once
+        width = min(max_batch, len(prompts)) if max_batch and continues else len(prompts)
+        session = self.backend.open(prompts[:width], self.config.sampling)
+        waiting = list(range(width, len(prompts)))
+        active = list(range(width))
         while active:
-            turn = self._generate_turn(state, session, active)
+            turn = self._generate_turn(state, session, active, "any" if continues else "all")
             self._search_pending(state, turn)
             token_appends = self._append_texts(state, turn)
-            for i in active:
+            for i in turn.segments:
                 if i not in turn.done and i not in token_appends:  # cannot happen by construction; never spin
                     turn.done.append(i)
                     state.finish(i, "incomplete")
@@ -238,17 +249,24 @@ class RolloutEngine:
             session.append({i: ids for i, ids in token_appends.items() if i not in turn.done})
             self._hand_blocks(state, session, turn)
             active = [i for i in active if i not in turn.done]
+            admit, waiting = waiting[:width - len(active)], waiting[width - len(active):]
+            if admit:
+                session.add([prompts[i] for i in admit], admit)
+                active += admit
         self.stats.seconds += time.perf_counter() - state.start
         return state.trajs
 
-    def _generate_turn(self, state: _Run, session: GenerationSession, active: list[int]) -> _TurnOutcome:
-        """One turn of generation for every active sample, each segment then read by :meth:`_read_segment`."""
+    def _generate_turn(self, state: _Run, session: GenerationSession, active: list[int],
+                       until: str = "all") -> _TurnOutcome:
+        """One turn of generation for the active samples (``until="any"``: until at least one ends its turn),
+        each finished segment then read by :meth:`_read_segment`."""
         t0 = time.perf_counter()
         limits = {i: min(self.config.max_turn_tokens, state.budget_left(i)) for i in active}
-        segments = session.generate(active, limits, self.protocol.stop_strings)
+        segments = session.generate(active, limits, self.protocol.stop_strings, **({"until": until}
+                                                                                 if until != "all" else {}))
         self.stats.generate_s += time.perf_counter() - t0
-        turn = _TurnOutcome()
-        for i in active:
+        turn = _TurnOutcome(segments=list(segments))
+        for i in segments:
             self._read_segment(state, turn, i, segments[i])
         return turn
 
@@ -266,12 +284,14 @@ class RolloutEngine:
         t.issues.extend(parsed.issues)
         if parsed.kind == "search":
             if t.n_searches + len(turn.pending.get(i, [])) >= cfg.max_searches:
-                turn.appends[i] = protocol.notice_block(
-                    f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
                 t.issues.append("search_limit")
-                if "search_limit" in t.issues[:-1]:  # ignored the first notice
+                # a peer's loop ends there (AgentProtocol.at_search_limit); this project's notice, once ignored, too
+                if protocol.at_search_limit == "end" or "search_limit" in t.issues[:-1]:
                     turn.done.append(i)
                     state.finish(i, "search_limit")
+                else:
+                    turn.appends[i] = protocol.notice_block(
+                        f"Search limit ({cfg.max_searches}) reached. Answer now with what you know.")
                 return
             turn.pending[i] = parsed.queries
         elif parsed.kind == "answer":
@@ -315,11 +335,13 @@ class RolloutEngine:
             turn.appends[i] = self.protocol.notice_block(feedback or "Check your answer.")
 
     def _search_pending(self, state: _Run, turn: _TurnOutcome) -> None:
-        """One retrieval call for every pending query of every sample; a sample's exact repeat of an earlier
-        query (same bag of words) is blocked and answered from memory instead. Each searching sample's result
-        block (or the notice of an unavailable service) goes to ``turn.appends``."""
+        """One retrieval call for every pending query of every sample; where the protocol blocks repeats, a
+        sample's exact repeat of an earlier query (same bag of words) is blocked and answered from memory
+        instead. Each searching sample's result block (or the notice of an unavailable service) goes to
+        ``turn.appends``."""
         cfg, trajs = self.config, state.trajs
-        repeats = {i: [cfg.block_repeated_queries and set(q.lower().split()) in state.searched[i] for q in qs]
+        block = cfg.block_repeated_queries and self.protocol.blocks_repeats  # STIE's, this project's protocol only
+        repeats = {i: [block and set(q.lower().split()) in state.searched[i] for q in qs]
                    for i, qs in turn.pending.items()}
         fresh = [q for i, qs in turn.pending.items() for q, rep in zip(qs, repeats[i]) if not rep]
         contexts = {q: {"searches_so_far": trajs[i].n_searches,

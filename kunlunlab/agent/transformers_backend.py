@@ -3,10 +3,12 @@
 It implements the interface of :mod:`kunlunlab.agent.backends` in-process (the OpenAI-compatible one is
 :mod:`kunlunlab.agent.openai_backend`); the in-place cache layer it uses is :mod:`kunlunlab.agent.kv_cache`.
 
-The local session keeps one KV cache for the whole multi-turn rollout: appended tokens are
-prefilled into that cache and never re-encoded, rows that wait for others leave masked holes in
-the attention mask (their positions do not advance), and finished rows are compacted out of the
-batch. This is why a multi-turn rollout runs at close to the speed of plain batched generation.
+The local session keeps its rows in the slots of one ragged KV cache (:mod:`kunlunlab.agent.kv_cache`): each
+row's tokens fill its own columns without holes, appended tokens are prefilled for their rows alone and never
+re-encoded, a row can finish its segment and continue (``generate(until="any")``) while the others keep
+generating, and a finished row's slot takes the next question (:meth:`TransformersSession.add`). Every decode step
+runs all slots as one batch; on a CPU a step costs about the same at 2 rows as at 20 (per-layer overhead), so
+keeping the batch full is what brings a multi-turn rollout to the speed of plain batched generation.
 
 Answer blocks (:meth:`TransformersSession.block_answers`, fed by the rollout engine from STIE's eq. 13): a
 row may be given an :class:`AnswerBlock`. While the row is inside an answer span (``<short_answer>`` /
@@ -28,14 +30,13 @@ Rows without a block cost nothing per step (no decode, no mask). The OpenAI-comp
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import time
 from typing import Sequence
 
 from kunlunlab.agent.backends import AnswerBlock, SamplingConfig, Segment, text_ids
-from kunlunlab.agent.kv_cache import growing_cache_class
+from kunlunlab.agent.kv_cache import FeedPlan, ragged_cache_class
 from kunlunlab.agent.protocol import STOP_STRINGS, open_answer
 from kunlunlab.models import load_llm, resolve_device, resolve_inference_dtype
 
@@ -115,21 +116,6 @@ def _in_dtype(model, dtype: str):
     return copied
 
 
-def _attention_kernels(device, left_padded: bool):
-    """The SDPA kernels a session's forward may use. For a left-padded chunk on the CPU only the math kernel:
-    torch 2.13's CPU flash kernel, which transformers 5.24 picks for a boolean mask, returned wrong attention for
-    a row whose chunk is left-padded after a shared prefix (the batched greedy answer of the second of three
-    prompts differed from the same prompt alone and from ``generate``: tests/agent/test_backends.py). The math kernel
-    and eager attention agree with both. Appended chunks are right-padded and one-token decode steps have no
-    padding inside the chunk: both keep the default kernel, which agrees there (same tests) and runs a
-    rollout ~1.7x faster on this CPU (bench rollout). On a GPU the kernels are left to torch."""
-    if device.type != "cpu" or not left_padded:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # deferred like every torch import of this module
-
-    return sdpa_kernel([SDPBackend.MATH])
-
-
 class GenerationCancelled(RuntimeError):
     """``generate`` stopped because its ``cancel`` event was set (``serve-llm``: the client left, or the server is
     stopping); what the call generated is dropped and the session must not be used again."""
@@ -137,6 +123,8 @@ class GenerationCancelled(RuntimeError):
 
 class TransformersBackend:
     """Local model; ``model``/``tokenizer`` given, or loaded by name (None: the embedded SmolLM2)."""
+
+    sessions_continue = True  # a session continues rows one by one and takes new ones (the rollout engine reads it)
 
     def __init__(self, name: str | None = None, model=None, tokenizer=None, device: str | None = None,
                  dtype: str = "auto"):
@@ -173,8 +161,17 @@ class TransformersBackend:
         return TransformersSession(self, prompts, sampling or SamplingConfig())
 
 
+class _Partial:
+    """A row's segment in progress: what it generated so far in the current ``generate`` segment and its limit."""
+
+    __slots__ = ("limit", "ids", "logprobs", "interventions")
+
+    def __init__(self, limit: int):
+        self.limit, self.ids, self.logprobs, self.interventions = limit, [], [], 0
+
+
 class TransformersSession:
-    """A batch of rows sharing one KV cache; see the module docstring."""
+    """Rows in the slots of one ragged KV cache; see the module docstring."""
 
     def __init__(self, backend: TransformersBackend, prompts: Sequence[Sequence[int]], sampling: SamplingConfig):
         import torch  # deferred, as in _in_dtype (transformers too)
@@ -189,65 +186,139 @@ class TransformersSession:
         # one host copy of the batch's chosen ids and log-probs (for the stop strings), never of the logits.
         self.device = backend.device
         self.generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        self.slots = list(range(len(prompts)))  # slot -> row id; compaction removes slots
+        self.slot_of: dict[int, int] = {}  # row -> its slot in the cache
+        self.lengths: list[int] = []  # slot -> tokens in its cache columns (0: free)
+        self.free: list[int] = []
+        self.cache = ragged_cache_class()(0)
+        self.next_logits = None  # slot -> logits after its last fed token
+        self.partial: dict[int, _Partial] = {}  # rows with a segment in progress (``generate(until="any")``)
         # row -> its answer block and the banned token paths of its spellings, (text before the last token, last token)
         self.blocks: dict[int, tuple[AnswerBlock, list[tuple[str, int]]]] = {}
         self.block_check_s = 0.0  # host time spent finding the blocks' banned tokens (bench answer-block)
-        self.leads = {i: list(p[-_LEAD_WINDOW:]) for i, p in enumerate(prompts)}  # each row's last fed tokens
-        self.cache = growing_cache_class()()
+        self.leads: dict[int, list[int]] = {}  # each row's last fed tokens
+        self.tokens_processed = 0
+        self.prefix: tuple[list[int], list] | None = None  # the shared prompt prefix and its keys/values
         shared = _shared_prefix_length(prompts)
         if shared:
             # The prefix every prompt shares (system prompt and chat template, ~180 tokens of ~420 in an
-            # evaluation batch) is prefilled once and copied to every row; the rest follows as an appended chunk.
-            self.mask = torch.ones((1, shared), dtype=torch.long, device=self.device)
-            self.positions = torch.tensor([shared], device=self.device)
-            self._forward(torch.tensor([list(prompts[0][:shared])]), self.mask, torch.arange(shared)[None])
-            self.tokens_processed = shared
-            self._repeat_rows(len(prompts))
-            self.next_logits = None
-            self.append({i: list(p[shared:]) for i, p in enumerate(prompts)})
-            return
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), backend.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        self.mask = mask.to(self.device)
-        self.positions = self.mask.sum(1)  # next position id of each slot
-        self.next_logits = self._forward(ids, self.mask, (self.mask.cumsum(1) - 1).clamp(min=0))
-        self.tokens_processed = int(mask.sum())
+            # evaluation batch) is prefilled once; rows added later that start with it get a copy too.
+            slot = self._take_slots(1)[0]
+            self._feed([slot], [list(prompts[0][:shared])])
+            self.prefix = (list(prompts[0][:shared]), self.cache.snapshot(slot, shared))
+            self.lengths[slot] = 0
+            self.free.append(slot)
+        self.add(prompts, range(len(prompts)))
 
-    def _repeat_rows(self, n: int) -> None:
-        """The single row of the cache (and mask, positions) copied to ``n`` rows."""
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.expand(n, -1, -1, -1).contiguous()
-            layer.values = layer.values.expand(n, -1, -1, -1).contiguous()
-        self.mask = self.mask.expand(n, -1).clone()
-        self.positions = self.positions.expand(n).clone()
+    # -- slots ----------------------------------------------------------------------------------------------------
+    def _take_slots(self, n: int) -> list[int]:
+        """``n`` free slots, the batch grown when there are too few (new slots empty)."""
+        self.free.sort()
+        taken, self.free = self.free[:n], self.free[n:]
+        grow = n - len(taken)
+        if grow:
+            old = len(self.lengths)
+            self.cache.resize_slots(slots=old + grow)
+            self.lengths += [0] * grow
+            taken += list(range(old, old + grow))
+        return taken
+
+    def _compact(self) -> None:
+        """Drops the free slots from the batch (decode steps run every slot), keeping the others' order."""
+        keep = sorted(self.slot_of.values())
+        index = {old: new for new, old in enumerate(keep)}
+        keep_t = self.torch.tensor(keep, dtype=self.torch.long, device=self.device)
+        self.cache.resize_slots(keep=keep_t)
+        self.lengths = [self.lengths[s] for s in keep]
+        self.next_logits = self.next_logits[keep_t]
+        self.slot_of = {row: index[s] for row, s in self.slot_of.items()}
+        self.free = []
+
+    def add(self, prompts: Sequence[Sequence[int]], rows: Sequence[int]) -> None:
+        """New rows ``rows`` with their prompts take free slots (continuous batching: a finished row's slot goes to
+        the next question); prompts that start with the session's shared prefix get its keys/values copied and
+        only the rest prefilled."""
+        rows = list(rows)
+        if len(rows) != len(prompts) or any(r in self.slot_of for r in rows) or any(len(p) == 0 for p in prompts):
+            raise ValueError("add needs one non-empty prompt per new row id")
+        if not rows:
+            return
+        slots = self._take_slots(len(rows))
+        feeds = []
+        copied = []
+        for row, slot, prompt in zip(rows, slots, prompts):
+            self.slot_of[row] = slot
+            self.leads[row] = list(prompt[-_LEAD_WINDOW:])
+            prompt = list(prompt)
+            if self.prefix and len(prompt) > len(self.prefix[0]) and prompt[:len(self.prefix[0])] == self.prefix[0]:
+                copied.append(slot)
+                self.lengths[slot] = len(self.prefix[0])
+                prompt = prompt[len(self.prefix[0]):]
+            else:
+                self.lengths[slot] = 0
+            feeds.append(prompt)
+        if copied:
+            self.cache.copy_prefix(self.prefix[1], self.torch.tensor(copied, device=self.device), len(self.prefix[0]))
+        self._feed(slots, feeds)
 
     # -- model calls -------------------------------------------------------------------------------------------
-    def _forward(self, ids, chunk_mask, position_ids, last=None):
-        """Feeds a chunk for every slot; returns each slot's logits at its last real position of the chunk:
-        the chunk's last column (left padding, decode steps) or, for a right-padded chunk, column ``last[slot]``."""
+    def _forward(self, ids, slots, starts: list[int], keep):
+        """Feeds ``ids`` (rows x width, right-padded) to ``slots`` (None: every slot), each row at its slot's first
+        free column ``starts``; a row's query at column c sees its own columns up to c (the 4D mask built here).
+        Returns the logits of the columns ``keep`` (an int: the last ones; a tensor: those columns)."""
         torch = self.torch
         device = self.device
-        keep = 1
-        if last is not None:  # only the distinct last columns reach the vocabulary projection
-            columns, which = torch.unique(last, return_inverse=True)
-            keep = columns.to(device)
-        with torch.no_grad(), _attention_kernels(device, left_padded=last is None and ids.shape[1] > 1):
-            out = self.backend.model(input_ids=ids.to(device), attention_mask=self.mask,
-                                     position_ids=position_ids.to(device), use_cache=True, logits_to_keep=keep,
-                                     **{self.backend.cache_kwarg: self.cache})
-        if last is None:
-            return out.logits[:, -1, :].float()
-        return out.logits[torch.arange(len(last), device=device), which.to(device), :].float()
+        width = ids.shape[1]
+        starts_t = torch.tensor(starts, dtype=torch.long, device=device)
+        kv_len = max(starts) + width
+        positions = starts_t[:, None] + torch.arange(width, device=device)
+        mask = (torch.arange(kv_len, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        self.cache.plan = FeedPlan(None if slots is None else torch.tensor(slots, dtype=torch.long, device=device),
+                                   starts_t, width, kv_len)
+        with torch.no_grad():
+            out = self.backend.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
+                                     use_cache=True, logits_to_keep=keep, **{self.backend.cache_kwarg: self.cache})
+        return out.logits
 
-    def _slot(self, row: int) -> int:
-        return self.slots.index(row)
+    def _logit_rows(self, logits) -> None:
+        """``next_logits`` with a row per slot, as wide as the model's output (its vocabulary can be larger than
+        the tokenizer's: Qwen2.5-7B has 152064 outputs for 151665 tokens)."""
+        missing = len(self.lengths) - (0 if self.next_logits is None else self.next_logits.shape[0])
+        if missing > 0:
+            extra = self.torch.zeros((missing, logits.shape[-1]), device=self.device)
+            self.next_logits = extra if self.next_logits is None else self.torch.cat([self.next_logits, extra])
 
-    def _answer_bans(self, active: dict[int, int], gen: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    def _feed(self, slots: list[int], chunks: list[list[int]]) -> None:
+        """Prefills each slot's chunk (a prompt, an appended block) for those slots alone; sets their next logits."""
+        torch = self.torch
+        width = max(len(c) for c in chunks)
+        ids = torch.full((len(slots), width), self.backend.pad_id, dtype=torch.long)
+        last = torch.zeros(len(slots), dtype=torch.long)
+        for i, chunk in enumerate(chunks):
+            ids[i, :len(chunk)] = torch.tensor(chunk, dtype=torch.long)
+            last[i] = len(chunk) - 1
+        columns, which = torch.unique(last, return_inverse=True)  # only distinct last columns reach the vocabulary
+        logits = self._forward(ids, slots, [self.lengths[s] for s in slots], columns.to(self.device))
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self._logit_rows(logits)
+        self.next_logits[index] = logits[torch.arange(len(slots), device=self.device), which.to(self.device)].float()
+        for slot, chunk in zip(slots, chunks):
+            self.lengths[slot] += len(chunk)
+        self.tokens_processed += sum(len(c) for c in chunks)
+
+    def _decode_step(self, step_ids: list[int], fed: list[int]) -> None:
+        """One token for every slot (a step runs the whole batch; a slot not in ``fed`` computes nothing that
+        is kept: its write lands past its length and is overwritten by its next real token)."""
+        torch = self.torch
+        ids = torch.tensor(step_ids, dtype=torch.long)[:, None]
+        logits = self._forward(ids, None, self.lengths, 1)
+        index = torch.tensor(fed, dtype=torch.long, device=self.device)
+        self._logit_rows(logits)
+        self.next_logits[index] = logits[index, -1, :].float()
+        for slot in fed:
+            self.lengths[slot] += 1
+        self.tokens_processed += len(fed)
+
+    def _answer_bans(self, active: dict[int, int]) -> tuple[list[int], list[int]]:
         """(slots, token ids) the answer blocks ban at this step: for each active row with a block that is inside
         an answer span, the last tokens of the blocked spellings' paths and the tokens that would end the answer
         as one its block rejects (module docstring)."""
@@ -256,7 +327,7 @@ class TransformersSession:
             if row not in self.blocks:
                 continue
             block, paths = self.blocks[row]
-            text = self.backend.tokenizer.decode(self.leads[row] + gen[row], skip_special_tokens=False)
+            text = self.backend.tokenizer.decode(self.leads[row] + self.partial[row].ids, skip_special_tokens=False)
             cut = max(text.rfind(end) + len(end) if end in text else 0 for end in _TURN_ENDS)
             state = open_answer(text[cut:])
             if state is None:
@@ -301,66 +372,68 @@ class TransformersSession:
 
     # -- the session interface ---------------------------------------------------------------------------------
     def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
-                 stop: Sequence[str] = STOP_STRINGS, cancel=None) -> dict[int, Segment]:
-        """``cancel``: a ``threading.Event`` another thread may set; it is read before each token, so a set event
+                 stop: Sequence[str] = STOP_STRINGS, cancel=None, until: str = "all") -> dict[int, Segment]:
+        """Generates for ``rows`` until each hits a stop string, EOS or its limit (``until="all"``), or until at
+        least one of them has (``until="any"``: the others keep their segment in progress, and a later call that
+        names them continues it under the limit it started with). Returns the segments of the rows that finished.
+        ``cancel``: a ``threading.Event`` another thread may set; it is read before each token, so a set event
         stops the call within one decode step with :class:`GenerationCancelled` (``serve-llm`` cancels a request
         whose client has left this way, instead of generating up to ``max_tokens`` for nobody)."""
-        torch = self.torch
+        if until not in ("all", "any"):
+            raise ValueError(f"until must be 'all' or 'any', got {until!r}")
         rows = list(rows)
         limits = max_new_tokens if isinstance(max_new_tokens, dict) else {r: max_new_tokens for r in rows}
-        active = {self._slot(r): r for r in rows if limits.get(r, 0) > 0}
-        gen: dict[int, list[int]] = {r: [] for r in rows}
-        lps: dict[int, list[float]] = {r: [] for r in rows}
-        finish: dict[int, tuple[str, str | None]] = {r: ("length", None) for r in rows}
-        interventions = dict.fromkeys(rows, 0)
-        n = len(self.slots)
-        while active:
+        if self.free and len(self.free) * 2 >= len(self.lengths):
+            self._compact()
+        out: dict[int, Segment] = {}
+        for r in rows:
+            if r not in self.partial:
+                self.partial[r] = _Partial(limits.get(r, 0))
+            if self.partial[r].limit <= 0:
+                out[r] = self._finish(r, "length", None)
+        active = {self.slot_of[r]: r for r in rows if r not in out}
+        tokenizer, eos = self.backend.tokenizer, self.backend.eos_ids
+        while active and not (until == "any" and out):
             if cancel is not None and cancel.is_set():
-                raise GenerationCancelled(f"generation cancelled after {max(len(g) for g in gen.values())} tokens")
+                raise GenerationCancelled(f"generation cancelled after "
+                                          f"{max(len(self.partial[r].ids) for r in active.values())} tokens")
             bans = None
             if self.blocks:
                 t0 = time.perf_counter()
-                bans = self._answer_bans(active, gen)
+                bans = self._answer_bans(active)
                 self.block_check_s += time.perf_counter() - t0
             chosen, logprob, intervened = self._sample(self.next_logits, bans)
             if intervened is not None:
                 for slot in set(intervened.tolist()):
-                    interventions[self.slots[slot]] += 1
-            live = torch.zeros(n, dtype=torch.bool, device=self.device)
-            live[torch.tensor(list(active), device=self.device)] = True
-            step_mask = live.long()[:, None]
-            step_ids = torch.where(live, chosen, self.backend.pad_id)[:, None]
+                    if slot in active:
+                        self.partial[active[slot]].interventions += 1
             chosen_host, logprob_host = chosen.tolist(), logprob.tolist()  # the step's one host copy
+            step_ids = [self.backend.pad_id] * len(self.lengths)
+            finished = []
             for slot, row in active.items():
-                gen[row].append(chosen_host[slot])
-                lps[row].append(logprob_host[slot])
-            done = []
-            for slot, row in active.items():
-                token = gen[row][-1]
-                hit = None if token in self.backend.eos_ids else _find_stop(self.backend.tokenizer, gen[row], stop)
-                if token in self.backend.eos_ids:
-                    finish[row] = ("eos", None)
+                token, part = chosen_host[slot], self.partial[row]
+                step_ids[slot] = token
+                part.ids.append(token)
+                part.logprobs.append(logprob_host[slot])
+                hit = None if token in eos else _find_stop(tokenizer, part.ids, stop)
+                if token in eos:
+                    finished.append((slot, row, "eos", None))
                 elif hit:
-                    finish[row] = ("stop", hit)
-                elif len(gen[row]) >= limits[row]:
-                    finish[row] = ("length", None)
-                else:
-                    continue
-                done.append(slot)
+                    finished.append((slot, row, "stop", hit))
+                elif len(part.ids) >= part.limit:
+                    finished.append((slot, row, "length", None))
             # Every generated token enters the cache, the last one included: the next call continues from it.
-            self.mask = torch.cat([self.mask, step_mask], dim=1)
-            logits = self._forward(step_ids, step_mask, self.positions[:, None].clone())
-            fed = step_mask[:, 0].bool()
-            self.next_logits[fed] = logits[fed]
-            self.positions += step_mask[:, 0]
-            self.tokens_processed += len(active)
-            for slot in done:
+            self._decode_step(step_ids, list(active))
+            for slot, row, why, hit in finished:
                 del active[slot]
-        for r in rows:
-            self.leads[r] = (self.leads[r] + gen[r])[-_LEAD_WINDOW:]
-        tok = self.backend.tokenizer
-        return {r: Segment(gen[r], lps[r], tok.decode(gen[r], skip_special_tokens=False), *finish[r],
-                           interventions=interventions[r]) for r in rows}
+                out[row] = self._finish(row, why, hit)
+        return out
+
+    def _finish(self, row: int, why: str, hit: str | None) -> Segment:
+        part = self.partial.pop(row)
+        self.leads[row] = (self.leads[row] + part.ids)[-_LEAD_WINDOW:]
+        text = self.backend.tokenizer.decode(part.ids, skip_special_tokens=False)
+        return Segment(part.ids, part.logprobs, text, why, hit, interventions=part.interventions)
 
     def block_answers(self, blocks: dict[int, AnswerBlock | None]) -> bool:
         """Sets each row's answer block (None lifts it): from the next ``generate`` on, the row cannot end an
@@ -383,58 +456,24 @@ class TransformersSession:
         return True
 
     def append(self, tokens: dict[int, list[int]]) -> None:
-        """Prefills each row's appended tokens into the cache, right-padded within the chunk (the padding
-        columns stay masked, holes that later steps skip; see :func:`_attention_kernels` for why not left)."""
-        torch = self.torch
-        tokens = {r: t for r, t in tokens.items() if t}
+        """Prefills each row's appended tokens into its own slot's columns, for those rows alone."""
+        tokens = {r: list(t) for r, t in tokens.items() if t}
         if not tokens:
             return
+        if any(r in self.partial for r in tokens):
+            raise ValueError("append to a row whose segment is still in progress")
         for row, toks in tokens.items():
-            self.leads[row] = (self.leads[row] + list(toks))[-_LEAD_WINDOW:]
-        n, width = len(self.slots), max(len(t) for t in tokens.values())
-        ids = torch.full((n, width), self.backend.pad_id, dtype=torch.long)
-        chunk_mask = torch.zeros((n, width), dtype=torch.long)
-        last = torch.zeros(n, dtype=torch.long)
-        for row, toks in tokens.items():
-            slot = self._slot(row)
-            ids[slot, :len(toks)] = torch.tensor(toks, dtype=torch.long)
-            chunk_mask[slot, :len(toks)] = 1
-            last[slot] = len(toks) - 1
-        chunk_mask = chunk_mask.to(self.device)
-        position_ids = self.positions[:, None] + (chunk_mask.cumsum(1) - 1).clamp(min=0)
-        self.mask = torch.cat([self.mask, chunk_mask], dim=1)
-        logits = self._forward(ids, chunk_mask, position_ids, last=last)
-        fed = chunk_mask.sum(1) > 0
-        if self.next_logits is None:  # the first chunk after a shared prefix feeds every row
-            self.next_logits = logits
-        self.next_logits[fed] = logits[fed]
-        self.positions += chunk_mask.sum(1)
-        self.tokens_processed += int(chunk_mask.sum())
+            self.leads[row] = (self.leads[row] + toks)[-_LEAD_WINDOW:]
+        self._feed([self.slot_of[r] for r in tokens], list(tokens.values()))
 
     def release(self, rows: Sequence[int]) -> None:
-        """Rows that are done leave the batch (their cache rows are dropped), so later steps cost less."""
+        """Rows that are done leave the batch: their slots are free for :meth:`add` (when half the batch is still
+        free at the next ``generate``, the batch is compacted, so later decode steps cost less)."""
         for row in rows:
             self.blocks.pop(row, None)
             self.leads.pop(row, None)
-        gone = set(rows) & set(self.slots)
-        if not gone:
-            return
-        keep = [i for i, r in enumerate(self.slots) if r not in gone]
-        self.slots = [self.slots[i] for i in keep]
-        if not keep:
-            self.cache = None
-            return
-        index = self.torch.tensor(keep, dtype=self.torch.long, device=self.device)
-        self.cache.batch_select_indices(index)
-        self.mask, self.positions, self.next_logits = self.mask[index], self.positions[index], self.next_logits[index]
-        # Columns masked in every remaining row carry no information: drop them from mask and cache alike.
-        live = self.mask.sum(0) > 0
-        if not bool(live.all()):
-            self._drop_columns(live)
-
-    def _drop_columns(self, live) -> None:
-        index = live.nonzero().squeeze(-1)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[:, :, index, :]
-            layer.values = layer.values[:, :, index, :]
-        self.mask = self.mask[:, index]
+            self.partial.pop(row, None)
+            slot = self.slot_of.pop(row, None)
+            if slot is not None:
+                self.lengths[slot] = 0
+                self.free.append(slot)

@@ -2,6 +2,8 @@
 
     python -m kunlunlab.bench retrieval [--n 100000] [--mode world|gaussian] [--queries 1000]
     python -m kunlunlab.bench rollout [--batch 8] [--searches 3] [--n 10000]
+    python -m kunlunlab.bench agent-loop [--model CHECKPOINT] [--methods kunlun,agent] [--questions 40] [--batch 20]
+    python -m kunlunlab.bench dapo-step --sft-run RUN_FOLDER [--steps 2]
     python -m kunlunlab.bench answer-block [--batch 8] [--tokens 32] [--repeats 3]
     python -m kunlunlab.bench service [--clients 32] [--duration 60] [--n 20000]
     python -m kunlunlab.bench llm-overload [--duration 30] [--clients 4] [--long-tokens 8000]
@@ -23,6 +25,10 @@ number of tokens per row on the same model and prompts; plus retrieval time per 
 per round. The embedded model does not search on its own before training, so the benchmark opens
 each turn with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model
 writes, the retrieval calls and the appended results are all real.
+
+``agent-loop`` and ``dapo-step`` (:mod:`kunlunlab.bench.agent_loop`, issue 54): the evaluation of ``kunlun`` and
+``agent`` as ``kunlunlab eval`` runs it, in model tokens/s beside plain ``generate`` of as many tokens at the same
+batch and dtype; seconds per DAPO step of a run's own recipe from its SFT model, rollouts and update apart.
 
 ``answer-block``: the cost of STIE's generation block (eq. 13) in the local session. One batch, half of the
 rows opened inside an answer box (``<short_answer>\\boxed{``), half before a search; passes interleaved over
@@ -56,6 +62,7 @@ import json
 import sys
 from dataclasses import asdict
 
+from kunlunlab.bench.agent_loop import AgentLoopBenchConfig, DapoStepBenchConfig, bench_agent_loop, bench_dapo_step
 from kunlunlab.bench.answer_block import AnswerBlockBenchConfig, bench_answer_block
 from kunlunlab.bench.build import BuildBenchConfig, bench_build
 from kunlunlab.bench.encode import EncodeBenchConfig, bench_encode
@@ -72,6 +79,10 @@ from kunlunlab.bench.service import ServiceBenchConfig, bench_service
 BENCHMARKS = {
     "retrieval": ("Flat vs IVF-PQ vs clustering retriever", RetrievalBenchConfig, bench_retrieval),
     "rollout": ("multi-turn rollout vs plain batched generation; STIE cost", RolloutBenchConfig, bench_rollout),
+    "agent-loop": ("kunlun/agent evaluation in model tokens/s vs plain generate of as many tokens",
+                   AgentLoopBenchConfig, bench_agent_loop),
+    "dapo-step": ("seconds per DAPO step of a run's recipe from its SFT model, rollouts and update apart",
+                  DapoStepBenchConfig, bench_dapo_step),
     "answer-block": ("cost of STIE's generation block (eq. 13) in the local session", AnswerBlockBenchConfig,
                      bench_answer_block),
     "encode": ("query encoding: queries/s at batch 1/8/64 per precision, recall@10 change", EncodeBenchConfig,
@@ -115,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["AnswerBlockBenchConfig", "BuildBenchConfig", "EncodeBenchConfig", "ExactSearchBenchConfig",
+__all__ = ["AgentLoopBenchConfig", "AnswerBlockBenchConfig", "DapoStepBenchConfig", "bench_agent_loop", "bench_dapo_step", "BuildBenchConfig", "EncodeBenchConfig", "ExactSearchBenchConfig",
            "LLMOverloadBenchConfig", "RetrievalBenchConfig", "RetrieverOverloadBenchConfig", "RolloutBenchConfig",
            "ServiceBenchConfig", "bench_answer_block", "bench_build", "bench_encode", "bench_exact_search",
            "bench_llm_overload", "bench_retrieval", "bench_retriever_overload", "bench_rollout", "bench_service",

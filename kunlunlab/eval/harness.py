@@ -76,10 +76,11 @@ from typing import Collection
 
 from tqdm.auto import tqdm
 
-from kunlunlab.agent.methods import MethodConfig, METHODS, make_method
+from kunlunlab.agent.methods import MethodConfig, METHODS, PEER_METHODS, make_method
 from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
 from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import final_answer_block
+from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig
@@ -103,6 +104,7 @@ from kunlunlab.retrieval.client import RemoteRetriever, RetrievalClient, Retriev
 
 SELF_JUDGE = "same"               # EvalConfig.judge value: the answering model grades itself (opt-in)
 AGENT_SETTINGS_FILE = "kunlunlab_agent.json"
+CONTINUOUS_BATCHES = 8  # batches per call of a continuous method (the agents): its rows stay busy across them
 AGENT_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
     "method": str, "top_k": int, "max_result_chars": int, "max_turn_tokens": int, "max_total_tokens": int,
     "max_searches": int, "use_rdra": bool, "use_stie": bool, "rdra": dict, "stie": dict,
@@ -275,9 +277,17 @@ def _with_paths(config, updates: dict):
 
 def with_checkpoint_settings(config: EvalConfig, explicit: Collection[str] = frozenset()) -> EvalConfig:
     """``config`` with its model's checkpoint settings applied to every field not named in ``explicit``
-    (field paths such as ``method``, ``rollout.top_k``, ``stie.max_rounds``, ``rdra``)."""
+    (field paths such as ``method``, ``rollout.top_k``, ``stie.max_rounds``, ``rdra``); then a peer's method gets
+    its protocol's declared top-k and searches where neither sets them, so a released peer checkpoint runs with the
+    budget it was trained for (:meth:`~kunlunlab.agent.protocols.AgentProtocol.search_limit`)."""
     settings = load_agent_settings(config.model)
-    return apply_agent_settings(config, settings, explicit, source=str(Path(config.model or ".") / AGENT_SETTINGS_FILE))
+    source = str(Path(config.model or ".") / AGENT_SETTINGS_FILE)
+    config = apply_agent_settings(config, settings, explicit, source=source)
+    if config.method not in PEER_METHODS:
+        return config
+    protocol = get_protocol(config.method)
+    declared = {"top_k": protocol.top_k, "max_searches": protocol.search_limit(None, config.rollout.max_total_tokens)}
+    return apply_agent_settings(config, {k: v for k, v in declared.items() if k not in settings}, explicit, source)
 
 
 def load_examples(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None]:
@@ -420,7 +430,7 @@ def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=N
     stie = replace(config.stie, **COLLECT_ALL_ROUNDS) if config.stie_collect else config.stie
     method_config = MethodConfig(top_k=config.rollout.top_k, rollout=config.rollout, rdra=config.rdra, stie=stie,
                                  use_rdra=config.use_rdra, use_stie=config.use_stie,
-                                 reason_in_documents=config.reason_in_documents)
+                                 reason_in_documents=config.reason_in_documents, max_batch=config.batch_size)
     return make_method(config.method, backend, search, method_config), retriever, backend
 
 
@@ -489,9 +499,12 @@ def evaluate(config: EvalConfig, out: str | Path | None = None, backend=None, ju
     bar = tqdm(total=len(examples), initial=len(kept), desc=f"{config.method} · {config.dataset}", unit="q",
                disable=not progress, leave=False)
     try:
-        # the uninterrupted run's batch boundaries: a resumed run's first batch is the rest of the one it cut
-        for b in range(0, len(examples), config.batch_size):
-            batch = examples[max(b, len(kept)):b + config.batch_size]
+        # the uninterrupted run's batch boundaries: a resumed run's first batch is the rest of the one it cut. A
+        # continuous method (the agents) gets CONTINUOUS_BATCHES batches per call and keeps batch_size rows busy
+        # over them, a finished question's row taking the next one (records are written per call)
+        step = config.batch_size * (CONTINUOUS_BATCHES if method.continuous else 1)
+        for b in range(0, len(examples), step):
+            batch = examples[max(b, len(kept)):b + step]
             if not batch:
                 continue
             t0 = time.perf_counter()

@@ -74,6 +74,7 @@ from kunlunlab.data.answers import exact_match
 from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
+from kunlunlab.training.progress import show_progress
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
                                         reward_functions, score)
 from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
@@ -199,8 +200,7 @@ class SearchRollout:
     def _peer_rewards(self, questions: list[str], trajs: list[Trajectory], records, trainer) -> list[float]:
         """Each trajectory's total of the peer reward functions TRL optimises, weighted as TRL weighs them, on the
         completion TRL decodes (the assistant prefix is part of the prompt)."""
-        prefix = self._prefix()
-        completions = [t.text[len(prefix):] if t.text.startswith(prefix) else t.text for t in trajs]
+        completions = [self._completion(t) for t in trajs]
         columns = {"answers": [list(self.answers.get(q, [])) for q in questions], "finish": [t.finish for t in trajs],
                    "parse": [asdict(r) for r in records], "trainer_state": getattr(trainer, "state", None)}
         totals = [0.0] * len(trajs)
@@ -211,7 +211,15 @@ class SearchRollout:
         return totals
 
     def _format_ok(self, record, t: Trajectory) -> bool:
-        return format_compliant(record) if self.protocol.name == "search_think" else self.protocol.format_ok(t.text)
+        """The protocol's format check on the completion after the assistant prefix (R1-Searcher's checks read the
+        solution after the prompt's ``<think>``; with it they failed every trajectory)."""
+        return format_compliant(record) if self.protocol.name == "search_think" else \
+            self.protocol.format_ok(self._completion(t))
+
+    def _completion(self, t: Trajectory) -> str:
+        """The completion as TRL decodes it: the trajectory's text after the assistant prefix (part of the prompt)."""
+        prefix = self._prefix()
+        return t.text[len(prefix):] if t.text.startswith(prefix) else t.text
 
     def _budget(self, question: str, t: Trajectory) -> float | None:
         context = self._rdra.get(question)
@@ -453,7 +461,9 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
              output_dir: Path, seed: int = 0, callbacks: list | None = None, reward_funcs: list | None = None,
              peft_config=None, **arg_overrides):
     """Trains in place (with ``peft_config``, a LoRA adapter on ``model``), resuming from the last checkpoint in
-    ``output_dir``; returns the trainer."""
+    ``output_dir``; returns the trainer. With ``cfg.beta`` > 0 TRL loads the KL reference from
+    ``model.config._name_or_path``: it must name the folder of the weights handed in (the pipeline points it at
+    each finished stage's ``final``)."""
 
 
     score_labelled_positions_on_cpu()
@@ -465,6 +475,7 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout_func, callbacks=callbacks,
                           peft_config=peft_config)
+    show_progress(trainer, "DAPO" if cfg.loss_type == "dapo" else f"RL ({cfg.loss_type})")
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming DAPO from %s", last)

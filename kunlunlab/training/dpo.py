@@ -136,6 +136,8 @@ def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path
     from datasets import Dataset  # deferred: training.config imports this module
     from transformers.trainer_utils import get_last_checkpoint  # deferred: training.config imports this module
 
+    from kunlunlab.training.progress import show_progress  # deferred: as transformers above
+
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset = pairs if isinstance(pairs, Dataset) else dpo_dataset(pairs, cfg.max_length)
@@ -146,6 +148,7 @@ def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path
     trainer = _trainer_class()(model=model, ref_model=ref_model, args=dpo_args(cfg, output_dir, seed, **arg_overrides),
                                train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                                peft_config=peft_config)
+    show_progress(trainer, "DPO")
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming DPO from %s", last)

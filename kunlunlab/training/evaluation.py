@@ -45,9 +45,10 @@ def agent_settings(cfg: TrainConfig) -> dict:
     Written beside its weights as ``kunlunlab_agent.json``; ``kunlunlab eval``, ``kunlunlab suite`` and
     notebooks 05-07 apply it wherever they are not told otherwise, so a checkpoint is evaluated as trained."""
     return {"method": cfg.eval.method, "index_kind": cfg.index_kind, "embedder": cfg.embedder,
-            "top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars,
+            "top_k": cfg.passages_per_search, "max_result_chars": cfg.max_result_chars,
             "max_turn_tokens": cfg.eval.max_turn_tokens, "max_total_tokens": cfg.eval.max_total_tokens,
-            "max_searches": 8, "use_rdra": cfg.eval.method == "kunlun", "use_stie": cfg.eval.method == "kunlun",
+            "max_searches": cfg.search_limit(cfg.eval.max_total_tokens), "use_rdra": cfg.eval.method == "kunlun",
+            "use_stie": cfg.eval.method == "kunlun",
             "rdra": asdict(cfg.agent.rdra), "stie": asdict(cfg.agent.stie)}
 
 

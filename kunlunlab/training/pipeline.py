@@ -136,7 +136,7 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
     index = IndexConfig(kind=cfg.index_kind, embedder=cfg.embedder)
     build = build or (lambda passages, name: build_retriever(passages, index))
     retriever = retriever or build_retriever(data.passages, index)
-    sizes = {"top_k": cfg.top_k, "max_result_chars": cfg.max_result_chars}
+    sizes = {"top_k": cfg.passages_per_search, "max_result_chars": cfg.max_result_chars}
     builder = TrajectoryBuilder(retriever.search, data.passages, mixing, cfg.agent.rdra, **sizes)
     sources = []
     rl_name = Path(cfg.data.rl_prompts).stem if cfg.data.rl_prompts else "rl_prompts"
@@ -151,6 +151,22 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
                                       questions, share))
     trajectories = mix(builder, data.train, mixing, sources, seed=cfg.seed)
     return render_all(trajectories, get_protocol(cfg.agent.protocol), cfg.max_result_chars)
+
+
+def rollout_config(cfg: TrainConfig) -> RolloutConfig:
+    """The agent's budgets in training rollouts (DAPO's and the PRL tree search's): the run's top-k and searches
+    where it states them (a comparison's budget, every arm alike), else its protocol's declared ones."""
+    return RolloutConfig(max_searches=cfg.search_limit(cfg.dapo.max_total_tokens),
+                         max_turn_tokens=cfg.dapo.max_turn_tokens, max_total_tokens=cfg.dapo.max_total_tokens,
+                         top_k=cfg.passages_per_search, max_result_chars=cfg.max_result_chars)
+
+
+def hand_over(trained, final: Path) -> None:
+    """Names ``final`` (where ``trained`` was just saved) as the model's origin: the next stage starts from it, and
+    TRL's GRPOTrainer builds its KL reference from ``config._name_or_path``, which after in-process training still
+    named the base model (step-1 KL 0.84 and 0.93 in Table 2's Search-R1 and ReSearch arms, against 0.0 for an arm
+    that loaded its SFT checkpoint from disk). ``training.dpo`` hands DPO its reference as a copy instead."""
+    trained.config._name_or_path = str(final)
 
 
 def training_plan(cfg: TrainConfig, world_size: int | None = None, check_hardware: bool = True) -> BatchPlan:
@@ -346,6 +362,7 @@ class TrainingRun:
                 trained.save_pretrained(str(final))
         else:
             trainer.save_model(str(final))  # the Trainer saves on the main process only
+        hand_over(trained, final)
         trainer.accelerator.wait_for_everyone()  # the model is whole on disk before any process reads it back
         if self.main_process:  # likewise the rest: under accelerate all processes wrote the same files at once
             self.tok.save_pretrained(str(final))
@@ -404,11 +421,7 @@ class TrainingRun:
         return False
 
     def _rollout_config(self):
-        """The agent's budgets in training rollouts (DAPO's and the PRL tree search's)."""
-        cfg = self.cfg
-        return RolloutConfig(max_searches=8, max_turn_tokens=cfg.dapo.max_turn_tokens,
-                             max_total_tokens=cfg.dapo.max_total_tokens, top_k=cfg.top_k,
-                             max_result_chars=cfg.max_result_chars)
+        return rollout_config(self.cfg)
 
     def prl(self) -> None:
         """Optional stage (``cfg.prl``): ReasonRAG's process supervision — MCTS over the current model's steps on
@@ -575,5 +588,5 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "mix_training_data",
-           "run_config", "TrainingRun", "trained_model", "train"]
+__all__ = ["AGENT_SETTINGS_FILE", "SMOKE_OVERRIDES", "RunFolderConflict", "hand_over", "mix_training_data",
+           "rollout_config", "run_config", "TrainingRun", "trained_model", "train"]

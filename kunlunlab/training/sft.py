@@ -20,6 +20,7 @@ from trl import SFTConfig, SFTTrainer
 from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import SFTStageConfig
 from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
+from kunlunlab.training.progress import show_progress
 from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
     output_dir.mkdir(parents=True, exist_ok=True)
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,
                          processing_class=tokenizer, callbacks=callbacks, peft_config=peft_config)
+    show_progress(trainer, "SFT")
     last = get_last_checkpoint(str(output_dir))
     if last:
         log.info("resuming SFT from %s", last)

@@ -73,14 +73,58 @@ def test_openai_backend_reports_a_dead_server_clearly(backend):
 
 
 def test_decode_steps_write_into_the_cache_in_place(backend, prompts):
-    """A decode step appends one column to each layer's buffer instead of copying the whole cache (torch.cat)."""
+    """A decode step writes one column per row into each layer's buffer instead of copying the whole cache."""
     session = backend.open(prompts)
-    session.generate([0, 1, 2], 1, stop=())  # the first step grows the prefill-sized buffer once
+    session.generate([0, 1, 2], 1, stop=())  # the first step may grow the prefill-sized buffer once
     layer = session.cache.layers[0]
-    buffer, filled = layer._k.data_ptr(), layer.keys.shape[-2]
-    assert layer._k.shape[-2] > filled + 8  # spare room
-    steps = max(len(seg.token_ids) for seg in session.generate([0, 1, 2], 8, stop=()).values())
-    assert steps > 1 and layer._k.data_ptr() == buffer and layer.keys.shape[-2] == filled + steps
+    buffer, before = layer.keys.data_ptr(), {r: session.lengths[session.slot_of[r]] for r in range(3)}
+    assert layer.keys.shape[-2] > max(before.values()) + 8  # spare room
+    segments = session.generate([0, 1, 2], 8, stop=())
+    assert layer.keys.data_ptr() == buffer
+    assert {r: session.lengths[session.slot_of[r]] for r in range(3)} == \
+        {r: before[r] + len(segments[r].token_ids) for r in range(3)}
+
+
+def test_rows_continue_one_by_one_and_new_rows_take_free_slots(backend, prompts):
+    """``until="any"`` returns as soon as one row ends; the others continue later under their first limit, and a
+    row added to a finished one's slot generates what it generates alone (continuous batching)."""
+    limits = {0: 4, 1: 9, 2: 6}
+    session = backend.open(prompts[:2])
+    first = session.generate([0, 1], limits, stop=(), until="any")
+    assert list(first) == [0] and len(first[0].token_ids) == 4  # row 1 is still generating
+    session.release([0])
+    session.add([prompts[2]], [2])
+    got = dict(first)
+    while len(got) < 3:
+        got.update(session.generate([r for r in (1, 2) if r not in got], limits, stop=(), until="any"))
+    for row in range(3):
+        assert got[row].token_ids == generate_once(backend, [prompts[row]], limits[row], stop=())[0].token_ids
+
+
+def test_released_rows_leave_and_the_batch_compacts_without_changing_the_others(backend, prompts):
+    session = backend.open(prompts + prompts[:1])
+    first = session.generate(range(4), 3, stop=())
+    session.release([0, 2])
+    second = session.generate([1, 3], 6, stop=())
+    assert len(session.lengths) == 2 and sorted(session.slot_of) == [1, 3]  # two slots left, in the rows' order
+    for row, prompt in ((1, prompts[1]), (3, prompts[0])):
+        alone = generate_once(backend, [prompt], 9, stop=())[0].token_ids
+        assert first[row].token_ids + second[row].token_ids == alone
+
+
+def test_a_model_with_more_outputs_than_tokens_generates():
+    """Qwen2.5-7B has 152064 outputs for 151665 tokenizer tokens: the session's logits follow the model's width."""
+    from kunlunlab.agent.transformers_backend import TransformersBackend
+    from kunlunlab.models import load_llm
+    from tiny_training import tiny_llama
+
+    tokenizer = load_llm()[1]
+    model = tiny_llama(tokenizer, vocab_size=len(tokenizer) + 64)
+    backend = TransformersBackend(model=model, tokenizer=tokenizer, dtype="float32")
+    prompts = [text_ids(tokenizer, "Question one\n"), text_ids(tokenizer, "Another, longer question two\n")]
+    segments = generate_once(backend, prompts, 5, stop=())
+    assert [len(s.token_ids) for s in segments] == [5, 5]
+    assert model.lm_head.out_features == len(tokenizer) + 64
 
 
 def test_shared_prefix_keeps_one_own_token_per_prompt_and_skips_short_ones():

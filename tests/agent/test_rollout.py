@@ -77,3 +77,18 @@ def test_real_model_rollout_masks_exactly_the_result_tokens(backend, world, worl
             assert t.completion_ids[start:start + len(ids)] == ids
             assert t.mask[start:start + len(ids)] == [0] * len(ids)
             assert all(m == 1 for m in t.mask[:start])
+
+
+def test_a_full_batch_of_continuing_rows_gives_each_sample_its_own_trajectory(backend, world_retriever, questions):
+    """Two rows at a time over four questions: samples continue one by one and finished ones hand their slot to the
+    next question, yet each trajectory is the one the question gets alone (greedy)."""
+    qs = [q.question for q in questions[:4]]
+    prefix = "<think>I need to look this up.</think>\n<search>"
+    prompts = [chat_prompt_ids(backend.tokenizer, build_messages(q), prefix) for q in qs]
+    config = RolloutConfig(max_total_tokens=200, max_turn_tokens=48, result_suffix=prefix)
+    engine = RolloutEngine(backend, world_retriever.search, config)
+    together = engine.run(prompts, qs, prefixes=[prefix] * 4, max_batch=2)
+    assert engine.stats.retrieval_calls >= 4  # searches as samples reach them, not once per lock-step turn
+    for prompt, q, t in zip(prompts, qs, together):
+        alone = RolloutEngine(backend, world_retriever.search, config).run([prompt], [q], prefixes=[prefix])[0]
+        assert t.completion_ids == alone.completion_ids and t.mask == alone.mask and t.finish == alone.finish

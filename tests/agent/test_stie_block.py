@@ -90,7 +90,10 @@ ANSWERS = {0: [["Russia"], ["Russian Federation"], ["Russia"], ["Russia", "Franc
 
 
 def policy(text: str) -> list[tuple[str, float]]:
-    """Each round is a search, then an answer; the row is read from the prompt ("Question <row>")."""
+    """Each round is a search, then an answer; the row is read from the prompt ("Question <row>"). A text without
+    one is an idle slot's (a decode step runs every slot; what it computes there is never kept): no preference."""
+    if "Question " not in text:
+        return []
     row = int(text.split("Question ", 1)[1][0])
     before = text.rpartition("</result>\n")[0]
     answered, searched = before.count("</short_answer>"), before.count("</search>")
