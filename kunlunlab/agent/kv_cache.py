@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 @dataclass
 class FeedPlan:
-    """What the next forward feeds: ``slots`` (a long tensor, or None for every slot in order), each fed slot's first
-    column ``starts`` (a long tensor on the cache's device), the chunk ``width`` and the key length ``kv_len`` the
-    attention sees (``max(starts) + width``)."""
+    """What the next forward feeds, computed once for all layers: ``slots`` (a long tensor, or None for every slot
+    in order), ``rows`` and ``columns`` (long tensors on the cache's device, fed rows x width: the slot and column
+    each fed token is written to), the chunk ``width`` and the key length ``kv_len`` the attention sees."""
 
     slots: object
-    starts: object
+    rows: object
+    columns: object
     width: int
     kv_len: int
 
@@ -52,18 +53,15 @@ def ragged_cache_class():
             ``plan.kv_len`` (a view when every slot is fed, as in a decode step; a gathered copy otherwise)."""
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            b, heads, width, dim = key_states.shape
+            _, heads, _, dim = key_states.shape
             if self._k is None:
                 shape = (slots, heads, max(plan.kv_len + 64, plan.kv_len * 3 // 2), dim)
                 self._k, self._v = key_states.new_zeros(shape), value_states.new_zeros(shape)
             elif plan.kv_len > self._k.shape[2]:
                 self._k, self._v = (self._grown(buf, plan.kv_len) for buf in (self._k, self._v))
-            rows = plan.slots if plan.slots is not None else torch.arange(slots, device=key_states.device)
-            cols = plan.starts[:, None] + torch.arange(width, device=key_states.device)
-            index = (rows[:, None].expand(-1, width), slice(None), cols) if width > 1 else (rows, slice(None),
-                                                                                           cols[:, 0])
-            self._k[index] = key_states.transpose(1, 2) if width > 1 else key_states[:, :, 0]
-            self._v[index] = value_states.transpose(1, 2) if width > 1 else value_states[:, :, 0]
+            index = (plan.rows, slice(None), plan.columns)  # (fed rows, width, heads, dim) of the buffer
+            self._k[index] = key_states.transpose(1, 2)
+            self._v[index] = value_states.transpose(1, 2)
             keys, values = self._k[:, :, :plan.kv_len], self._v[:, :, :plan.kv_len]
             if plan.slots is None:
                 return keys, values

@@ -272,8 +272,9 @@ class TransformersSession:
         kv_len = max(starts) + width
         positions = starts_t[:, None] + torch.arange(width, device=device)
         mask = (torch.arange(kv_len, device=device)[None, None, :] <= positions[:, :, None])[:, None]
-        self.cache.plan = FeedPlan(None if slots is None else torch.tensor(slots, dtype=torch.long, device=device),
-                                   starts_t, width, kv_len)
+        slots_t = None if slots is None else torch.tensor(slots, dtype=torch.long, device=device)
+        rows = (torch.arange(len(starts), device=device) if slots_t is None else slots_t)[:, None]
+        self.cache.plan = FeedPlan(slots_t, rows.expand(-1, width), positions, width, kv_len)
         with torch.no_grad():
             out = self.backend.model(input_ids=ids.to(device), attention_mask=mask, position_ids=positions,
                                      use_cache=True, logits_to_keep=keep, **{self.backend.cache_kwarg: self.cache})
