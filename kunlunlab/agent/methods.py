@@ -13,18 +13,21 @@
 ``r1_searcher`` the agent in R1-Searcher's protocol (``<|begin_of_query|>``, ``<|begin_of_documents|>``, ``<answer>``).
 ``kunlun``      KunLunBaizeRAG: RDRA background, the search-think agent, STIE over answer rounds,
                 NLR routing when a network tier is given.
+
+A peer's method is made from its protocol (:func:`peer_method`): every peer protocol registered in
+:mod:`kunlunlab.agent.protocols` is a method of its name in :data:`METHODS` and :data:`PEER_METHODS`.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import (DIRECT_SYSTEM, DOCS_USER_TEMPLATE, IRCOT_SYSTEM, QUESTION_USER_TEMPLATE,
                                       SEARCH_O1_SYSTEM, SYSTEM_PROMPT, build_messages, extract_final_answer,
                                       numbered_docs)
-from kunlunlab.agent.protocols import get_protocol
+from kunlunlab.agent.protocols import AgentProtocol, NamesView, RegistryView, get_protocol, peer_protocols
 from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
@@ -271,7 +274,8 @@ class PeerAgent(SearchThinkAgent):
     """A peer's agent (Search-R1, ReSearch, R1-Searcher) run as its own repository runs it: its prompt, assistant
     prefix, stop strings, document block, re-prompts and answer extraction (:mod:`kunlunlab.agent.protocols`), so a
     released checkpoint of the peer, or one trained here with its recipe, is evaluated in its own protocol. The
-    answer is the last answer turn's; without one, the peer's own extraction over the completion (``fallback``)."""
+    answer is the last answer turn's; without one, the peer's own extraction over the completion (``fallback``).
+    Each peer protocol's method is made from it (:func:`peer_method`); there is no class per peer."""
 
     def _messages(self, question: str, background: str | None) -> list[dict]:
         return get_protocol(self.protocol).messages(question, background)
@@ -289,24 +293,28 @@ class PeerAgent(SearchThinkAgent):
         return out
 
 
-class SearchR1Agent(PeerAgent):
-    name = protocol = "search_r1"
+_PEER_CLASSES: dict[str, tuple[AgentProtocol, type[PeerAgent]]] = {}
 
 
-class ReSearchAgent(PeerAgent):
-    name = protocol = "research"
+def peer_method(protocol: AgentProtocol) -> type[PeerAgent]:
+    """The method of a peer's protocol: a :class:`PeerAgent` named after it that speaks it (one class per protocol
+    object, made once)."""
+    made = _PEER_CLASSES.get(protocol.name)
+    if made is None or made[0] is not protocol:
+        cls = type(f"PeerAgent_{protocol.name}", (PeerAgent,), {"name": protocol.name, "protocol": protocol.name,
+                                                               "__module__": __name__})
+        made = _PEER_CLASSES[protocol.name] = (protocol, cls)
+    return made[1]
 
 
-class R1SearcherAgent(PeerAgent):
-    name = protocol = "r1_searcher"
-
-
-METHODS: dict[str, Callable[..., Method]] = {m.name: m for m in
-                                            (NaiveGeneration, NaiveRAG, IterRetGen, IRCoT, SearchO1,
-                                             SearchThinkAgent, KunLun, SearchR1Agent, ReSearchAgent,
-                                             R1SearcherAgent)}
+_FIXED_METHODS: dict[str, Callable[..., Method]] = {m.name: m for m in (NaiveGeneration, NaiveRAG, IterRetGen, IRCoT,
+                                                                        SearchO1, SearchThinkAgent, KunLun)}
+# every method by name: the fixed ones above, then one PeerAgent per registered peer protocol (read when used, so
+# a protocol registered at run time is a method too)
+METHODS: Mapping[str, Callable[..., Method]] = RegistryView(
+    lambda: {**_FIXED_METHODS, **{p.name: peer_method(p) for p in peer_protocols() if p.name not in _FIXED_METHODS}})
 PROMPT_BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")  # prompting only, no training
-PEER_METHODS = ("search_r1", "research", "r1_searcher")  # the peers' agents, each in its own protocol
+PEER_METHODS = NamesView(lambda: tuple(p.name for p in peer_protocols()))  # the peers' agents, each in its protocol
 
 
 def make_method(name: str, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None) -> Method:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from kunlunlab.agent.methods import METHODS, PEER_METHODS
-from kunlunlab.agent.protocols import get_protocol
+from kunlunlab.agent.protocols import NamesView, get_protocol
 from kunlunlab.agent.rdra import RDRAConfig
 from kunlunlab.data.splits import Splits
 from kunlunlab.configs import (apply_overrides, build_dataclass, choice, leaf_paths, leaf_values, non_negative, positive,
@@ -29,7 +29,8 @@ from kunlunlab.training.rewards import RewardConfig
 
 log = logging.getLogger(__name__)
 
-AGENT_METHODS = ("kunlun", "agent", *PEER_METHODS)  # what trains: the whole method, its plain agent, the peers' agents
+# what trains: the whole method, its plain agent, the peers' agents (every peer protocol registered, read when checked)
+AGENT_METHODS = NamesView(lambda: ("kunlun", "agent", *PEER_METHODS))
 # The RL stage's loss types, as TRL 1.16's GRPOConfig.loss_type documents them (tests/training/test_rl_algorithms.py
 # checks the list against the installed TRL); GSPO is loss_type "grpo" with importance_sampling_level "sequence"
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -216,8 +217,8 @@ class AgentSpec:
 
     @property
     def protocol(self) -> str:
-        """The agent protocol its data, rollouts and evaluation speak (a peer's agent: the peer's own)."""
-        return self.method if self.method in PEER_METHODS else "search_think"
+        """The agent protocol its data, rollouts and evaluation speak: its method's (a peer's agent: the peer's own)."""
+        return METHODS[self.method].protocol
 
 
 @dataclass
@@ -297,13 +298,14 @@ class TrainConfig:
             # a peer's agent speaks only its own protocol: evaluated as anything else it never closes a tag
             raise ValueError(f"agent.method={self.agent.method} trains {self.agent.method}'s protocol: set "
                              f"eval.method={self.agent.method} (got {self.eval.method!r})")
-        peer_reward = self.rewards.kind != "kunlun"
-        if peer_reward != (self.agent.method in PEER_METHODS) or (peer_reward and
-                                                                  not self.rewards.kind.startswith(self.agent.method)):
-            # each reward reads one protocol's tags: any other protocol scores 0 on every sample
+        protocol = get_protocol(self.agent.protocol)
+        kinds = (*(("kunlun",) if protocol.answer_modes else ()), *protocol.reward_kinds)
+        if self.rewards.kind not in kinds:
+            # each reward reads one protocol's tags: any other protocol scores 0 on every sample (the dual-mode
+            # reward, kind kunlun, reads this project's answer modes)
             raise ValueError(f"rewards.kind={self.rewards.kind} does not read agent.method={self.agent.method}'s "
-                             "protocol: the kunlun and agent methods take rewards.kind=kunlun, a peer's agent its own "
-                             "reward (search_r1, research, r1_searcher or one of its stages)")
+                             f"protocol ({protocol.name}): it takes rewards.kind {' or '.join(kinds)} (the kunlun "
+                             "and agent methods take kunlun, a peer's agent its own reward)")
 
     @property
     def passages_per_search(self) -> int:

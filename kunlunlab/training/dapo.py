@@ -172,12 +172,12 @@ class SearchRollout:
         return trajs
 
     def _messages(self, question: str, background: str | None) -> list[dict]:
-        if self.protocol.name == "search_think":
+        if not self.protocol.peer:  # this project's protocol takes the run's system prompt; a peer's is its own
             return build_messages(question, background, self.system_prompt)
         return self.protocol.messages(question, background)
 
     def _prefix(self) -> str:
-        return self.prefix if self.protocol.name == "search_think" else self.protocol.assistant_prefix
+        return self.protocol.assistant_prefix if self.protocol.peer else self.prefix
 
     def _peer_answer(self, t: Trajectory) -> str | None:
         """A peer protocol's answer: the last answer turn's, else the peer's own extraction over the completion."""
@@ -191,7 +191,7 @@ class SearchRollout:
         return record
 
     def _accuracies(self, questions: list[str], trajs: list[Trajectory]) -> list[float]:
-        if self.protocol.name != "search_think":
+        if not self.protocol.answer_modes:
             return [exact_match(self._peer_answer(t), self.answers[q]) if self.answers.get(q) else 0.0
                     for q, t in zip(questions, trajs)]
         return [accuracy_score(self._record(t), self.answers.get(q, []), self.rewards, self.facts.get(q))
@@ -213,7 +213,7 @@ class SearchRollout:
     def _format_ok(self, record, t: Trajectory) -> bool:
         """The protocol's format check on the completion after the assistant prefix (R1-Searcher's checks read the
         solution after the prompt's ``<think>``; with it they failed every trajectory)."""
-        return format_compliant(record) if self.protocol.name == "search_think" else \
+        return format_compliant(record) if self.protocol.answer_modes else \
             self.protocol.format_ok(self._completion(t))
 
     def _completion(self, t: Trajectory) -> str:

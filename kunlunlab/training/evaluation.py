@@ -32,10 +32,10 @@ def format_compliance(records: list[dict], protocol: str = "search_think") -> fl
     texts = [t for t in texts if t is not None]
     if not texts:
         return None
-    if protocol == "search_think":
+    spoken = get_protocol(protocol)
+    if spoken.answer_modes:  # this project's protocol: the dual-mode reward's parse record
         return round(sum(format_compliant(parse_completion(t)) for t in texts) / len(texts), 4)
-    peer = get_protocol(protocol)
-    return round(sum(peer.format_ok(t[len(peer.assistant_prefix):] if t.startswith(peer.assistant_prefix) else t)
+    return round(sum(spoken.format_ok(t[len(spoken.assistant_prefix):] if t.startswith(spoken.assistant_prefix) else t)
                      for t in texts) / len(texts), 4)
 
 

@@ -8,7 +8,8 @@ each in its own protocol, so what differs between the recipes is the protocol, t
 the data or the budget.
 
 A search-think trajectory is read turn by turn (think text; queries or the boxed answer; the documents each search
-retrieved, kept on the environment segment by the mixing) and written again with the protocol's tags, document block
+retrieved, kept on the environment segment by the mixing) and written again with the protocol's turns
+(``AgentProtocol.render_search``, ``render_answer``: each protocol's module writes its own), document block
 (:meth:`~kunlunlab.agent.protocols.AgentProtocol.result_block`) and prompt. Peers search one query at a time: a
 multi-query search becomes consecutive searches, the later ones opened by a one-line think. Masked turns stay masked.
 Long answers become short ones (no peer has the long mode). STIE feedback rounds, RDRA plan samples and the prompt's
@@ -21,7 +22,7 @@ import re
 from dataclasses import replace
 
 from kunlunlab.agent.protocol import extract_boxed
-from kunlunlab.agent.protocols import BEGIN_QUERY, END_QUERY, AgentProtocol
+from kunlunlab.agent.protocols import AgentProtocol
 from kunlunlab.training.mixing import TrajectoryExample
 
 
@@ -34,24 +35,19 @@ def _split_turn(text: str) -> tuple[str, list[str] | None, str | None]:
     return think, None, extract_boxed(action) or re.sub(r"<[^>]+>", " ", action).strip()
 
 
-def _search_text(protocol: str, think: str, query: str) -> str:
-    if protocol == "search_r1":
-        return f"<think>{think}</think>\n<search> {query} </search>"
-    if protocol == "research":
-        return f"<think> {think} </think> <search> {query} </search>"
-    if protocol == "r1_searcher":  # one think span for the whole trajectory, opened by the prompt's prefix
-        return f"{think} {BEGIN_QUERY} {query} {END_QUERY}"
-    raise ValueError(f"no cold-start rendering for protocol {protocol!r}")
+def _search_text(protocol: AgentProtocol, think: str, query: str) -> str:
+    return _renderer(protocol).render_search(think, query)
 
 
-def _answer_text(protocol: str, think: str, answer: str) -> str:
-    if protocol == "search_r1":
-        return f"<think>{think}</think>\n<answer> {answer} </answer>"
-    if protocol == "research":
-        return f"<think> {think} </think> <answer> The final answer is \\[ \\boxed{{{answer}}} \\] </answer>"
-    if protocol == "r1_searcher":
-        return f"{think}</think>\n\n<answer> {answer} </answer>"
-    raise ValueError(f"no cold-start rendering for protocol {protocol!r}")
+def _answer_text(protocol: AgentProtocol, think: str, answer: str) -> str:
+    return _renderer(protocol).render_answer(think, answer)
+
+
+def _renderer(protocol: AgentProtocol) -> AgentProtocol:
+    """``protocol``, where it writes SFT turns (``render_search``, ``render_answer``); a ValueError otherwise."""
+    if protocol.render_search is None or protocol.render_answer is None:
+        raise ValueError(f"no cold-start rendering for protocol {protocol.name!r}")
+    return protocol
 
 
 def render(t: TrajectoryExample, protocol: AgentProtocol, max_result_chars: int) -> TrajectoryExample | None:
@@ -74,7 +70,7 @@ def render(t: TrajectoryExample, protocol: AgentProtocol, max_result_chars: int)
             for j, (query, train) in enumerate(pending):
                 if j:  # a parallel hop of the same search: its own search turn
                     segments.append({"role": "model", "train": train,
-                                     "text": _search_text(protocol.name, f"Next: {query}", query)})
+                                     "text": _search_text(protocol, f"Next: {query}", query)})
                 block = protocol.result_block([docs[j] if j < len(docs) else []], [query], max_result_chars)
                 segments.append({"role": "env", "text": block, "train": False})
             pending = []
@@ -84,11 +80,11 @@ def render(t: TrajectoryExample, protocol: AgentProtocol, max_result_chars: int)
             if not queries:
                 continue
             segments.append({"role": "model", "train": seg["train"],
-                             "text": _search_text(protocol.name, think, queries[0])})
+                             "text": _search_text(protocol, think, queries[0])})
             pending = [(q, seg["train"]) for q in queries]
         else:
             segments.append({"role": "model", "train": seg["train"],
-                             "text": _answer_text(protocol.name, think, answer or "")})
+                             "text": _answer_text(protocol, think, answer or "")})
     # no background block: it is RDRA's (or the mixing's irrelevant-background noise), which no peer's prompt has
     # and none sees at evaluation
     return replace(t, segments=segments, prompt_messages=protocol.messages(t.question, None), background=None,
@@ -98,8 +94,9 @@ def render(t: TrajectoryExample, protocol: AgentProtocol, max_result_chars: int)
 
 def render_all(trajectories: list[TrajectoryExample], protocol: AgentProtocol,
                max_result_chars: int) -> list[TrajectoryExample]:
-    """Every trajectory with a counterpart in ``protocol``, written in it (the search-think protocol: unchanged)."""
-    if protocol.name == "search_think":
+    """Every trajectory with a counterpart in ``protocol``, written in it (a protocol without SFT renderers, the
+    search-think protocol: unchanged)."""
+    if protocol.render_search is None:
         return list(trajectories)
     rendered = (render(t, protocol, max_result_chars) for t in trajectories)
     return [t for t in rendered if t is not None]

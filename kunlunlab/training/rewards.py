@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from kunlunlab.agent.protocol import ANSWER_TAGS, final_answer_block, parse_turn
+from kunlunlab.agent.protocols import NamesView, reward_kinds, reward_owner
 from kunlunlab.configs import choice, non_negative, positive, probability
 from kunlunlab.eval.metrics import EXTRA_SEARCHES, exact_match, extra_searches, f1, fact_coverage, recall_by_search
 from kunlunlab.training.peer_rewards import peer_reward_functions
@@ -39,7 +40,9 @@ _RESULT_BLOCK = re.compile(r"<result>.*?(?:</result>|$)", re.S)
 
 
 BUDGET_EXTRA = EXTRA_SEARCHES  # RewardConfig.budget_extra: which searches the budget term charges
-REWARD_KINDS = ("kunlun", "search_r1", "research", "r1_searcher", "r1_searcher_stage1", "r1_searcher_stage2")
+# RewardConfig.kind: this project's dual-mode reward, then every registered protocol's own (AgentProtocol.rewards and
+# staged_rewards), read when a kind is checked
+REWARD_KINDS = NamesView(lambda: ("kunlun", *reward_kinds()))
 
 
 @dataclass
@@ -66,11 +69,12 @@ class RewardConfig:
     # True: quoted evidence the agent was never shown counts as missing evidence in the budget term (see
     # budget_score and kunlunlab.agent.grounding), so a search skipped by quoting an unseen sentence is not paid
     budget_grounded: bool = False
-    # Which reward the RL stage optimises: "kunlun", the dual-mode reward above (eqs. 17-18), or a peer's own
-    # (kunlunlab.training.peer_rewards): "search_r1" (exact match), "research" (F1 with a format check),
-    # "r1_searcher" (its two stages: stage 1 for the first stage1_share of the steps, then stage 2), or one stage alone
+    # Which reward the RL stage optimises: "kunlun", the dual-mode reward above (eqs. 17-18), or a protocol's own
+    # (its module in kunlunlab.agent.protocols; kunlunlab.training.peer_rewards): "search_r1" (exact match),
+    # "research" (F1 with a format check), "r1_searcher" (its two stages: stage 1 for the first stage1_share of the
+    # steps, then stage 2), or one stage alone
     kind: str = choice("kunlun", REWARD_KINDS)
-    stage1_share: float = probability(0.5)  # kind "r1_searcher": the share of the RL steps under stage 1's reward
+    stage1_share: float = probability(0.5)  # a staged kind ("r1_searcher"): the share of the RL steps under its first
     overlong_shaping: bool = True    # DAPO's soft overlong punishment (overlong_max_tokens, overlong_buffer) on or off
 
     def __post_init__(self):
@@ -323,20 +327,23 @@ def reward_functions(cfg: RewardConfig | None = None) -> list:
 
 
 def peer_rewards(cfg: RewardConfig) -> list:
-    """The peer reward of ``cfg.kind`` as one TRL reward function. ``r1_searcher``: R1-Searcher's two stages in one RL
-    stage, stage 1 (retrieval invocation and format) for the first ``stage1_share`` of the steps, stage 2 (answer F1
-    and format) after, read off TRL's ``trainer_state`` (R1-Searcher runs them as two trainings; one stage here keeps
-    the step budget the other recipes get)."""
-    if cfg.kind != "r1_searcher":
+    """The protocol reward of ``cfg.kind`` as one TRL reward function. A staged kind (``AgentProtocol.staged_rewards``;
+    ``r1_searcher``: R1-Searcher's two stages in one RL stage) runs its first reward (stage 1: retrieval invocation
+    and format) for the first ``stage1_share`` of the steps and its second (stage 2: answer F1 and format) after,
+    read off TRL's ``trainer_state`` (R1-Searcher runs them as two trainings; one stage here keeps the step budget
+    the other recipes get)."""
+    stages = reward_owner(cfg.kind).staged_rewards.get(cfg.kind)
+    if stages is None:
         return peer_reward_functions(cfg.kind)
-    (stage1,), (stage2,) = peer_reward_functions("r1_searcher_stage1"), peer_reward_functions("r1_searcher_stage2")
+    (stage1,), (stage2,) = (peer_reward_functions(stage) for stage in stages)
 
-    def r1_searcher_reward(prompts, completions, trainer_state=None, **kw):
+    def staged_reward(prompts, completions, trainer_state=None, **kw):
         in_stage2 = trainer_state is not None and trainer_state.max_steps > 0 and \
             trainer_state.global_step >= cfg.stage1_share * trainer_state.max_steps
         return (stage2 if in_stage2 else stage1)(prompts, completions, **kw)
 
-    return [r1_searcher_reward]
+    staged_reward.__name__ = f"{cfg.kind}_reward"
+    return [staged_reward]
 
 
 def format_compliant(record: ParseRecord) -> bool:
