@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from kunlunlab.cli_parsers import (build_index_parser, compare_runs_parser, eval_parser, rerun_parser,
+from kunlunlab.cli_parsers import (build_index_parser, compare_runs_parser, comparison_parser, eval_parser,
+                                  rerun_parser,
                                   run_notebooks_parser, serve_llm_parser, serve_retriever_parser, suite_parser,
                                   train_parser, train_router_parser)
 from kunlunlab.data.types import Passage
@@ -214,7 +215,7 @@ EVAL_AGENT_FLAGS = ("method", "top_k", "max_searches", "max_turn_tokens", "max_t
                     "stie_rounds", "use_rdra", "use_stie")   # named as in kunlunlab_agent.json
 EVAL_FLAG_FIELDS = ("dataset", "limit", "model", "llm_url", "judge", "judge_url", "judge_api", "judge_key_env",
                     "corpus", "index_kind", "embedder", "batch_size", "seed", "network_url", "router",
-                    "retriever_url", "index_dir", "device") + EVAL_AGENT_FLAGS
+                    "retriever_url", "index_dir", "device", "prompt") + EVAL_AGENT_FLAGS
 
 
 def _fail(command: str, err: BaseException | str, code: int = BAD_INPUT) -> int:
@@ -413,6 +414,46 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_comparison(args: argparse.Namespace) -> int:
+    """Every arm of a comparison under its one budget and every seed (:mod:`kunlunlab.training.comparison`), then
+    the check that they ran alike; exit 1 when they did not, naming each difference."""
+    from kunlunlab.models import ModelNotAvailableError
+    from kunlunlab.retrieval.client import RetrievalServiceError
+    from kunlunlab.training.comparison import load_comparison
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, RunFolderConflict
+    from kunlunlab.training.reruns import comparison_smoke_overrides, run_comparison
+
+    try:
+        comparison = load_comparison(args.comparison)
+        runs = comparison.runs(args.arms, args.seeds)
+    except (FileNotFoundError, ValueError, TypeError) as err:
+        return _fail("comparison", err)
+    runs_root = Path(args.runs_dir)
+    if args.dry_run:
+        print(json.dumps({"comparison": comparison.name, "runs": [
+            {"name": r.name, "arm": r.arm, "seed": r.seed, "recipe": r.recipe, "run_dir": str(runs_root / r.name),
+             "overridden": r.overridden} for r in runs]}))
+        return 0
+    try:
+        result = run_comparison(comparison, runs_root, args.arms, args.seeds,
+                                comparison_smoke_overrides(SMOKE_OVERRIDES) if args.smoke else None,
+                                progress=lambda msg: print(msg, flush=True))
+    except (RunFolderConflict, FileNotFoundError, ModelNotAvailableError) as err:
+        return _fail("comparison", err)
+    except RetrievalServiceError as err:
+        return _fail("comparison", err, FAULT)
+    except KeyboardInterrupt:
+        again = ["kunlunlab", "comparison", args.comparison, "--runs-dir", str(runs_root)] + ["--smoke"] * args.smoke
+        return _interrupted("comparison", f"the finished runs and the interrupted one's checkpoints stay in "
+                                          f"{runs_root}: `{shlex.join(again)}` reuses and resumes them")
+    problems = [f"seed {seed}: {p}" for seed, found in result["problems"].items() for p in found]
+    for line in problems:
+        print(f"kunlunlab comparison: {line}", file=sys.stderr)
+    print(json.dumps({"comparison": comparison.name, "runs": sorted(result["runs"]), "problems": problems,
+                      "em_after": {name: s.get("em_after") for name, s in result["runs"].items()}}))
+    return 1 if problems else 0
+
+
 def cmd_compare_runs(args: argparse.Namespace) -> int:
     """Training ablations: finished training runs compared on the same held-out questions."""
     from kunlunlab.runner import markdown_table
@@ -540,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)  # sub-parsers are OneLineParsers too
     for add, handler in ((build_index_parser, cmd_build_index), (serve_retriever_parser, cmd_serve),
                          (serve_llm_parser, cmd_serve_llm), (eval_parser, cmd_eval), (train_parser, cmd_train),
-                         (rerun_parser, cmd_rerun), (train_router_parser, cmd_train_router),
+                         (rerun_parser, cmd_rerun), (comparison_parser, cmd_comparison),
+                         (train_router_parser, cmd_train_router),
                          (compare_runs_parser, cmd_compare_runs), (suite_parser, cmd_suite),
                          (run_notebooks_parser, cmd_run_notebooks)):
         add(sub).set_defaults(func=handler)

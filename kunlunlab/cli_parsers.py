@@ -137,7 +137,11 @@ def eval_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=None, help="first N questions (default: all)")
     e.add_argument("--model", default=None, help="LLM hub id, local path or trained checkpoint folder "
                    "(default: embedded SmolLM2)")
-    e.add_argument("--llm-url", default=None, help="OpenAI-compatible server (vLLM, SGLang) instead of a local model")
+    e.add_argument("--llm-url", default=None, help="OpenAI-compatible server (vLLM, SGLang) instead of a local model; "
+                   "requests name the model id it serves, --model gives the tokenizer")
+    e.add_argument("--prompt", default=None, choices=("auto", "chat", "base"), help="a peer method's prompt: its chat "
+                   "messages, its base-model prompt raw (a released base-model checkpoint's), or auto (chat where the "
+                   "tokenizer has a chat template, else base; default)")
     e.add_argument("--judge", default=None, metavar="MODEL_OR_PATH",
                    help="LLM judge for LJ: hub id or local path, or the served model name with --judge-url; "
                         "'same' lets the answering model grade itself (marked self_judged). Default: no judge, "
@@ -209,6 +213,21 @@ def rerun_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="print the plan (runs, folders, checkpoints) as one JSON line")
     r.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
     return r
+
+
+def comparison_parser(sub) -> argparse.ArgumentParser:
+    c = sub.add_parser("comparison", help="train every arm of a comparison under its one budget, every seed, then "
+                                          "check that the arms ran alike (JSON last)")
+    c.add_argument("comparison", help="a comparison file, or a name under experiments/configs/comparisons "
+                   "(e.g. table2)")
+    c.add_argument("--runs-dir", default="runs", help="each run's folder is <runs-dir>/<comparison>.<arm>.s<seed>; a "
+                   "finished one is reused, an interrupted one resumed (default runs/)")
+    c.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
+    c.add_argument("--seeds", nargs="+", type=int, default=None, help="only these seeds (default: the file's)")
+    c.add_argument("--dry-run", action="store_true", help="print every run's name, recipe and the recipe values the "
+                   "budget replaces as one JSON line; nothing runs")
+    c.add_argument("--smoke", action="store_true", help="tiny sizes, as in the test suite")
+    return c
 
 
 def train_router_parser(sub) -> argparse.ArgumentParser:

@@ -1,12 +1,12 @@
-"""Table 2 against the peers from kept records (issue 43; docs/results.md, "Table 2 against the peers"): each trained
-arm's evaluation after training (``<arm>/eval_after_{world,hotpot}.jsonl``) and the prompt baselines of the suite on
-the untrained backbone (``suite/records/<dataset>.<method>.jsonl``), paired by question id; then the kunlun recipe
-with DAPO against GRPO, with the clip ratios TRL logged at every RL step. Every table carries each row's
-answer-tag share; a row answered mostly by fallback extraction is marked collapsed and compared with nothing. The folder is a runs folder of
-``experiments/scripts/table2_run.sh`` (``table2.<arm>``, ``table2.suite``) or the kept ``experiments/results/table2``
-(``<arm>``, ``suite``). Prints the tables as markdown, then one JSON line.
+"""Table 2 from a comparison's runs (issue 51; docs/results.md, "Table 2 against the peers"): every arm of
+``experiments/configs/comparisons/<comparison>.json`` after SFT and after RL over its seeds
+(``<runs>/<comparison>.<arm>.s<seed>/eval_{sft,after}_{world,hotpot}.jsonl``), with RL's own effect and each arm
+against kunlun paired over (seed, question), the answer-tag share (a collapsed row is compared with nothing), the
+cost columns, the fairness check of the arms' ledgers, and the clip ratios of every RL step; then the prompt
+baselines on the untrained backbone, where ``<runs>/<comparison>.suite/records`` holds them
+(experiments/scripts/table2_baselines.py). Prints the tables as markdown, then one JSON line.
 
-    python experiments/scripts/table2_report.py experiments/results/table2
+    python experiments/scripts/table2_report.py runs [table2]
 """
 from __future__ import annotations
 
@@ -14,94 +14,77 @@ import json
 import sys
 from pathlib import Path
 
-from kunlunlab.eval.compare import ablation_table, table2
-from kunlunlab.eval.metrics import collapsed
+from kunlunlab.eval.arms import arm_table
+from kunlunlab.eval.compare import table2
 from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.runner import markdown_table
-from kunlunlab.training.records import heldout_records, training_logs
+from kunlunlab.training.comparison import check_ledgers, load_comparison, read_ledger
+from kunlunlab.training.records import training_logs
 
-ARMS = ("search_r1", "research", "r1_searcher", "kunlun")  # Table 2's rows (kunlun last)
+FILES = {"world": "world", "hotpotqa_distractor": "hotpot"}  # dataset -> the records' file part
+STAGE_FILES = {"sft": "eval_sft_{}.jsonl", "rl": "eval_after_{}.jsonl"}
 BASELINES = ("naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1")
-FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval_after_hotpot.jsonl"}
+REFERENCE = "kunlun"
 
 
-def _share(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.2f} %"
-
-
-def folder_of(root: Path, name: str) -> Path:
-    return root / name if (root / name).is_dir() else root / f"table2.{name}"
+def _records(folder: Path, name: str) -> list[dict] | None:
+    path = jsonl_path(folder / name)
+    return read_jsonl(path) if path.is_file() else None
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        raise SystemExit("usage: table2_report.py RUNS_OR_KEPT_FOLDER")
+    if len(argv) not in (1, 2):
+        raise SystemExit("usage: table2_report.py RUNS_FOLDER [COMPARISON]")
     root = Path(argv[0])
-    records: dict[str, dict[str, list[dict]]] = {}
-    for dataset, name in FILES.items():
-        per_method = records.setdefault(dataset, {})
-        suite = folder_of(root, "suite") / "records"
+    comparison = load_comparison(argv[1] if len(argv) == 2 else "table2")
+    runs = [r for r in comparison.runs() if (root / r.name).is_dir()]
+    if not runs:
+        raise SystemExit(f"table2_report.py: no run of comparison {comparison.name} in {root}")
+    out: dict = {"comparison": comparison.name, "budget": comparison.budget}
+    print(f"Budget ({comparison.name}, every arm): " + ", ".join(f"{k} {v}" for k, v in comparison.budget.items()))
+    for dataset, part in FILES.items():
+        records: dict[str, dict[int, dict[str, list[dict]]]] = {}
+        for run in runs:
+            for stage, pattern in STAGE_FILES.items():
+                found = _records(root / run.name, pattern.format(part))
+                if found is not None:
+                    records.setdefault(run.arm, {}).setdefault(run.seed, {})[stage] = found
+        if not records:
+            continue
+        header, rows, numbers = arm_table(records, REFERENCE)
+        print(f"\n## Table 2, trained arms ({dataset}; EM %, mean over seeds with their range)\n")
+        print("\n".join(markdown_table(header, rows)))
+        out[f"arms {dataset}"] = {"header": header, "rows": rows, "numbers": numbers}
+    fairness = {}
+    for seed in comparison.seeds:
+        ledgers = {r.arm: read_ledger(root / r.name) for r in runs
+                   if r.seed == seed and (root / r.name / "budget_ledger.json").is_file()}
+        fairness[seed] = check_ledgers(ledgers)
+    out["fairness"] = fairness
+    print("\n## Fairness check (same SFT samples, RL prompts and rollout budget per seed)\n")
+    for seed, problems in fairness.items():
+        print(f"- seed {seed}: " + ("the arms ran alike" if not problems else "; ".join(problems)))
+    clip = {}
+    for run in runs:
+        steps = [row for row in training_logs(root / run.name).get("dapo", []) if "loss" in row]
+        clip[run.name] = [{k: row.get(k) for k in ("step", "clip_ratio/high_mean", "clip_ratio/low_mean",
+                                                   "clip_ratio/region_mean")} for row in steps]
+    out["clip_ratio"] = clip
+    suite = root / f"{comparison.name}.suite" / "records"
+    reference = next((r for r in runs if r.arm == REFERENCE and r.seed == comparison.seeds[0]), None)
+    if suite.is_dir() and reference is not None:
+        per_method = {}
         for method in BASELINES:
-            path = jsonl_path(suite / f"{dataset}.{method}.jsonl")
+            path = jsonl_path(suite / f"world.{method}.jsonl")
             if path.is_file():
                 per_method[method] = read_jsonl(path)
-        for arm in ARMS:
-            path = jsonl_path(folder_of(root, arm) / name)
-            if path.is_file():
-                per_method[arm] = read_jsonl(path)
-    baselines = [b for b in BASELINES if b in records["world"]]
-    peers = [a for a in ARMS[:-1] if a in records["world"]]
-    models = {**{b: "SmolLM2-135M-Instruct (untrained)" for b in baselines},
-              **{a: f"{a}/dapo/final" for a in (*peers, "kunlun")}}
-    header, rows = table2(records, "kunlun", baselines, n_resamples=10_000, peers=peers, models=models)
-    print("## Table 2 (EM %)\n")
-    print("\n".join(markdown_table(header, rows)))
-    # rows whose answers came mostly from fallback extraction (their "tag %" cell says "collapsed"): not results
-    out = {"table2": {"header": header, "rows": rows},
-           "collapsed": sorted(f"{dataset} {name}" for dataset, per_method in records.items()
-                               for name, recs in per_method.items() if collapsed(recs))}
-    if out["collapsed"]:
-        print(f"\nCollapsed (most answers by fallback extraction, not results): {', '.join(out['collapsed'])}")
-    # every trained arm against kunlun, one by one (Table 2 shows the difference to the best peer only)
-    for dataset in FILES:
-        arms = {a: records[dataset][a] for a in ("kunlun", *peers) if a in records[dataset]}
-        if "kunlun" not in arms or len(arms) < 2:
-            continue
-        h, r = ablation_table(arms, "kunlun", n_resamples=10_000, seed=0)
-        print(f"\n## The trained arms against kunlun ({dataset}, n = {len(arms['kunlun'])} paired questions)\n")
-        print("\n".join(markdown_table(h, r)))
-        out[f"arms_vs_kunlun {dataset}"] = {"header": h, "rows": r}
-    # the kunlun recipe with DAPO against GRPO where clip-higher can bind (4 updates per rollout batch, lr 1e-4; at
-    # Table 2's 2 updates and lr 2e-5 the ratio never left [1 - ε, 1 + ε_high] upwards), both from kunlun's SFT
-    # checkpoint; Table 2's own DAPO arm's clip ratios are listed beside them
-    pairs = {"4 updates per batch, lr 1e-4": ("kunlun_dapo_u4", "kunlun_grpo_u4")}
-    clip = {}
-    for setting, (dapo, grpo) in pairs.items():
-        if not all(jsonl_path(folder_of(root, arm) / FILES["world"]).is_file() for arm in (dapo, grpo)):
-            continue
-        runs = {f"DAPO ({dapo})": folder_of(root, dapo), f"GRPO ({grpo})": folder_of(root, grpo)}
-        for dataset, name in FILES.items():
-            if not all(jsonl_path(folder / name).is_file() for folder in runs.values()):
-                continue  # an arm evaluated on the world questions only
-            # paired on the questions both answered (an arm may have answered the first n of the held-out set)
-            pair = {label: heldout_records(folder, dataset) for label, folder in runs.items()}
-            common = set.intersection(*({r["id"] for r in recs} for recs in pair.values()))
-            h, r = ablation_table({label: [x for x in recs if x["id"] in common] for label, recs in pair.items()},
-                                  f"DAPO ({dapo})", n_resamples=10_000, seed=0)
-            print(f"\n## DAPO vs GRPO, {setting} ({dataset}, n = {len(common)} paired questions)\n")
-            print("\n".join(markdown_table(h, r)))
-            out[f"dapo_vs_grpo {setting} {dataset}"] = {"header": h, "rows": r, "n": len(common)}
-        for label, folder in {**runs, "DAPO (kunlun, Table 2)": folder_of(root, "kunlun")}.items():
-            steps = [row for row in training_logs(folder)["dapo"] if "loss" in row]
-            clip[label] = [{k: row.get(k) for k in ("step", "clip_ratio/high_mean", "clip_ratio/low_mean",
-                                                     "clip_ratio/region_mean")} for row in steps]
-    if clip:
-        print("\n## Clip ratio per RL step\n")
-        print("\n".join(markdown_table(["arm", "step", "high (above 1 + ε_high)", "low (below 1 − ε)", "region"],
-                                       [[label, c["step"], *(_share(c[k]) for k in ("clip_ratio/high_mean",
-                                         "clip_ratio/low_mean", "clip_ratio/region_mean"))]
-                                        for label, cs in clip.items() for c in cs])))
-        out["clip_ratio"] = clip
+        kunlun = _records(root / reference.name, STAGE_FILES["rl"].format("world"))
+        if per_method and kunlun:
+            per_method[REFERENCE] = kunlun
+            header, rows = table2({"world": per_method}, REFERENCE, list(per_method)[:-1], n_resamples=10_000)
+            print(f"\n## Prompt baselines on the untrained backbone against {reference.name} (world)\n")
+            print("\n".join(markdown_table(header, rows)))
+            out["baselines"] = {"header": header, "rows": rows}
     print(json.dumps(out, default=str))
     return 0
 

@@ -32,7 +32,11 @@ from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
 from kunlunlab.agent.stie import STIEConfig, STIEController
+from kunlunlab.configs import choice
 from kunlunlab.retrieval.client import RetrievalServiceError
+
+
+PROMPT_KINDS = ("auto", "chat", "base")  # MethodConfig.prompt
 
 
 @dataclass
@@ -50,9 +54,16 @@ class MethodConfig:
     reason_in_documents: ReasonInDocumentsConfig = field(default_factory=ReasonInDocumentsConfig)  # search_o1
     use_rdra: bool = True
     use_stie: bool = True
+    # a peer's prompt: "chat" (its messages through the chat template), "base" (its base-model prompt, raw) or
+    # "auto" (chat where the tokenizer has a chat template, else base: a released base-model checkpoint's)
+    prompt: str = choice("auto", PROMPT_KINDS)
     # rows a rollout keeps generating at a time over the questions of one ``run`` call (None: all at once); the
     # evaluation harness sets it to its batch size and hands a continuous method several batches per call
     max_batch: int | None = None
+
+    def __post_init__(self):
+        if self.prompt not in PROMPT_KINDS:
+            raise ValueError(f"prompt must be one of {PROMPT_KINDS}, got {self.prompt!r}")
 
 
 @dataclass
@@ -192,10 +203,13 @@ class _RolloutMethod(Method):
     def _prefix(self) -> str:
         return self.config.assistant_prefix
 
+    def _prompt_ids(self, question: str, background: str | None, prefix: str) -> list[int]:
+        return chat_prompt_ids(self.tok, self._messages(question, background), prefix)
+
     def _rollout(self, questions: list[str], backgrounds: list[str | None], controller=None):
         engine = self._engine()
         prefix = self._prefix()
-        prompts = [chat_prompt_ids(self.tok, self._messages(q, b), prefix) for q, b in zip(questions, backgrounds)]
+        prompts = [self._prompt_ids(q, b, prefix) for q, b in zip(questions, backgrounds)]
         if self.continuous:
             trajs = engine.run(prompts, questions, controller, [prefix] * len(questions), self.config.max_batch)
         else:
@@ -282,6 +296,23 @@ class PeerAgent(SearchThinkAgent):
 
     def _prefix(self) -> str:
         return get_protocol(self.protocol).assistant_prefix
+
+    def prompt_kind(self) -> str:
+        """``chat`` (the peer's messages through the model's chat template) or ``base`` (the raw prompt the peer's
+        base-model checkpoints were trained with: ReSearch's and R1-Searcher's Qwen2.5-base runs, Search-R1's
+        ``template_type="base"``). ``MethodConfig.prompt`` "auto" picks as the peers' own inference scripts do: the
+        chat template where the tokenizer has one, else the base prompt."""
+        kind = self.config.prompt
+        if kind == "auto":
+            has_base = get_protocol(self.protocol).build_base_prompt is not None
+            kind = "chat" if getattr(self.tok, "chat_template", None) or not has_base else "base"
+        return kind
+
+    def _prompt_ids(self, question: str, background: str | None, prefix: str) -> list[int]:
+        if self.prompt_kind() == "chat":
+            return chat_prompt_ids(self.tok, self._messages(question, background), prefix)
+        text = get_protocol(self.protocol).base_prompt(question, background) + prefix
+        return self.tok(text, add_special_tokens=False)["input_ids"]
 
     def run(self, questions):
         protocol = get_protocol(self.protocol)

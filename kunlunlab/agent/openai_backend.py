@@ -36,7 +36,7 @@ class OpenAIBackend:
     """
 
     url: str
-    model: str
+    model: str | None  # the id the server serves; None: asked of the server (``GET /v1/models``, its first)
     tokenizer_name: str | None = None
     api_key: str | None = None
     timeout: float = 120.0
@@ -48,12 +48,19 @@ class OpenAIBackend:
     def __post_init__(self):
         from transformers import AutoTokenizer  # deferred: transformers takes seconds to import
 
-        self.name = self.model
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
         self.service = ServiceClient(self.url, "generation server", error=GenerationServiceError, v1=True,
                                      retry=RetryPolicy.from_retries(self.retries, self.backoff, self.max_backoff),
                                      timeout=self.timeout, api_key=self.api_key, key_env=API_KEY_ENV)
         self.url = self.service.url
+        if self.model is None:  # vLLM answers 404 to a model id it does not serve: ask it which one it does
+            self.model = self.served_model() or self.tokenizer_name or "default"
+        self.name = self.model
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
+
+    def served_model(self) -> str | None:
+        """The first model id the server lists (``GET /v1/models``), None when it lists none."""
+        models = self.service.json("GET", "/models").get("data") or []
+        return models[0].get("id") if models else None
 
     def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> "OpenAISession":
         return OpenAISession(self, prompts, sampling or SamplingConfig())

@@ -179,8 +179,10 @@ def _generate(backend, ids: list[list[int]], sampling: SamplingConfig, max_token
 
 def create_app(backend: TransformersBackend, *, max_tokens: int | None = None, max_model_len: int | None = None,
                max_prompts: int = 256, max_queue: int = 16, max_body_bytes: int | None = None,
-               api_key: str | None = None) -> FastAPI:
-    """``max_model_len`` (None: the model's context, else 8192) bounds each prompt plus ``max_tokens``;
+               api_key: str | None = None, served_name: str | None = None) -> FastAPI:
+    """``served_name``: the model id ``/v1/models`` lists (None: the backend's name, its path or hub id), as vLLM's
+    ``--served-model-name``. ``max_model_len`` (None: the model's context, else 8192) bounds each prompt plus
+    ``max_tokens``;
     ``max_tokens`` (None: ``max_model_len``) bounds a request's ``max_tokens``; ``max_body_bytes`` (None: room for
     ``max_prompts`` prompts of ``max_model_len`` token ids)."""
     max_model_len = max_model_len or model_context(backend) or 8192
@@ -208,7 +210,8 @@ def create_app(backend: TransformersBackend, *, max_tokens: int | None = None, m
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": backend.name, "object": "model", "max_model_len": max_model_len}]}
+        return {"object": "list", "data": [{"id": served_name or backend.name, "object": "model",
+                                            "max_model_len": max_model_len}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

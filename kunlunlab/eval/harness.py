@@ -76,7 +76,7 @@ from typing import Collection
 
 from tqdm.auto import tqdm
 
-from kunlunlab.agent.methods import MethodConfig, METHODS, PEER_METHODS, make_method
+from kunlunlab.agent.methods import MethodConfig, METHODS, PEER_METHODS, PROMPT_KINDS, make_method
 from kunlunlab.agent.nlr import NetworkLocalRouter, RoutingPolicy
 from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import final_answer_block
@@ -149,6 +149,9 @@ class EvalConfig:
     # passage) and STIE's thresholds and round budget: the agent's own configs, not copies of their fields
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     stie: STIEConfig = field(default_factory=STIEConfig)
+    prompt: str = choice("auto", PROMPT_KINDS)  # a peer's method: its chat messages ("chat"), its base-model prompt
+                                    # raw ("base", a released base-model checkpoint's), or "auto" (chat where the
+                                    # model's tokenizer has a chat template, else base)
     use_rdra: bool = True           # kunlun only: the RDRA background step (off: an ablation)
     use_stie: bool = True           # kunlun only: STIE over answer rounds (off: an ablation)
     rdra: RDRAConfig = field(default_factory=RDRAConfig)  # kunlun only: RDRA's retrieval and planning sizes
@@ -349,7 +352,7 @@ def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None
 def make_backend(config: EvalConfig):
     """The answering model: a served one when ``llm_url`` is set, else a local one."""
     if config.llm_url:
-        return OpenAIBackend(config.llm_url, config.model or "default", tokenizer_name=config.model)
+        return OpenAIBackend(config.llm_url, None, tokenizer_name=config.model)  # the server's model id, asked
     return TransformersBackend(config.model, device=config.device, dtype=config.dtype)
 
 
@@ -430,7 +433,8 @@ def build_pipeline(config: EvalConfig, passages: list[Passage] | None, backend=N
     stie = replace(config.stie, **COLLECT_ALL_ROUNDS) if config.stie_collect else config.stie
     method_config = MethodConfig(top_k=config.rollout.top_k, rollout=config.rollout, rdra=config.rdra, stie=stie,
                                  use_rdra=config.use_rdra, use_stie=config.use_stie,
-                                 reason_in_documents=config.reason_in_documents, max_batch=config.batch_size)
+                                 reason_in_documents=config.reason_in_documents, max_batch=config.batch_size,
+                                 prompt=config.prompt)
     return make_method(config.method, backend, search, method_config), retriever, backend
 
 

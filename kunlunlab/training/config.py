@@ -98,6 +98,9 @@ class DAPOStageConfig:
     top_p: float = within(1.0, 0, 1, low_open=True)
     dynamic_sampling: bool = True    # groups with all-equal accuracy are replaced by informative groups (refill)
     max_resample: int = non_negative(1)  # refill rounds per step
+    max_rollouts: int | None = positive(None)  # a comparison's rollout budget: rollouts generated in the stage,
+                                     # dynamic sampling's refills included; the stage ends before a rollout call
+                                     # it cannot pay for (None: steps alone bound it)
     flat_includes_budget: bool = False  # with rewards.w_budget > 0: equal accuracy but unequal budget is informative
     max_turn_tokens: int = positive(160)  # training turns reach 124 tokens (two facts + two next queries); 96 cut them
     max_total_tokens: int = positive(1024)  # lets 4-hop bridge comparisons finish
@@ -225,7 +228,10 @@ class AgentSpec:
 class EvalSpec:
     method: str = choice("kunlun", METHODS)  # the inference pipeline measured before and after training
     before: bool = True              # False: skip the evaluation before training (a variant of a measured run)
-    world_questions: int = non_negative(40)  # held-out synthetic questions (never in the training set)
+    after_sft: bool = False          # also evaluate between SFT and RL (tag "sft"): RL's own effect, paired on the
+                                     # same questions as the evaluation after training
+    world_questions: int = positive(40)  # held-out synthetic questions (never in the training set); at least one:
+                                     # the training summary and the comparison tables read them
     hotpot_questions: int = non_negative(20)  # held-out HotpotQA distractor questions (0: skip)
     summary_questions: int = non_negative(20)  # held-out summary-oriented world questions (0: skip)
     batch_size: int = positive(20)

@@ -55,13 +55,12 @@ from typing import Sequence
 
 from accelerate.utils import gather_object
 from datasets import Dataset
-import httpx
 import torch
+from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
-from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.grounding import quote_grounding
 from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
@@ -119,6 +118,22 @@ class SearchRollout:
         self.calls = 0
         self.history: list[dict] = []
         self._remote = None
+        self._generated_before: int | None = None  # rollouts of the steps before a resume (read from the log)
+
+    def generated(self) -> int:
+        """Rollouts generated in this RL stage so far, refills included (every process's): what the comparison
+        budget's ``dapo.max_rollouts`` counts. A resumed stage counts the logged steps before it resumed."""
+        return (self._generated_before or 0) + sum(h.get("generated", h["rollouts"]) for h in self.history)
+
+    def _logged_generated(self, step: int) -> int:
+        if self.log_path is None or not self.log_path.is_file() or step == 0:
+            return 0
+        rows = {}  # a step rolled out again after an earlier resume: its last record counts
+        for line in self.log_path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["step"]] = row.get("generated", row["rollouts"])
+        return sum(n for s, n in rows.items() if s < step)
 
     def _backend(self, trainer, model):
         """The policy itself on this process; with ``use_vllm`` (server mode) TRL's vLLM server, which
@@ -132,8 +147,7 @@ class SearchRollout:
                              "to 'server' and start `trl vllm-serve --model <model>`")
         if self._remote is None:
             url = vllm_server_url(trainer.args)
-            self._remote = OpenAIBackend(url, served_model_name(url) or model.name_or_path,
-                                         tokenizer_name=model.name_or_path)
+            self._remote = OpenAIBackend(url, None, tokenizer_name=model.name_or_path)  # the id it serves, asked
         return self._remote
 
     def _question(self, prompt) -> str:
@@ -243,24 +257,28 @@ class SearchRollout:
         return [g for g, members in enumerate(groups) if len({key(signals[i]) for i in members}) == 1]
 
     def _refill(self, backend, questions: list[str], trajs: list, signals: list[tuple], groups: list[list[int]],
-                seed: int, in_batch: set[str] | None = None, share: tuple[int, int] = (0, 1)) -> tuple[int, int]:
+                seed: int, in_batch: set[str] | None = None, share: tuple[int, int] = (0, 1),
+                room_groups: int | None = None) -> tuple[int, int]:
         """DAPO's dynamic sampling: flat groups are replaced, in place, by informative groups of questions
         drawn from the training pool (not in this batch: ``in_batch``, every process's questions under
         accelerate). ``share``: (process index, processes); each process draws from its own slice of the
-        pool. Returns (groups refilled, questions tried)."""
+        pool. ``room_groups``: the most refill groups this process may roll out (None: no budget). Returns
+        (groups refilled, questions tried)."""
         rng = random.Random(seed)
         in_batch = set(questions) | set(in_batch or ())
         pool = [q for q in self.answers if q not in in_batch]
         rng.shuffle(pool)  # the same order on every process (same seed): the slices below are disjoint
         pool = pool[share[0]::share[1]]  # (all processes drawing from the whole pool drew the same questions)
         refilled = tried = 0
+        n = len(groups[0]) if groups else 1
         for attempt in range(self.dapo.max_resample):
             flat = self._flat(groups, signals)
-            if not flat or not pool:
+            # the comparison budget's rollouts (dapo.max_rollouts) pay for the refills too: no more than it leaves
+            room = len(flat) if room_groups is None else min(len(flat), room_groups - tried)
+            if not flat or not pool or room <= 0:
                 break
-            draws = [pool.pop() for _ in range(min(len(flat), len(pool)))]
+            draws = [pool.pop() for _ in range(min(room, len(pool)))]
             tried += len(draws)
-            n = len(groups[flat[0]])
             batch = [q for q in draws for _ in range(n)]
             fresh = self._roll(backend, batch, seed + attempt + 1)
             fresh_signals = self._signals(batch, fresh)
@@ -289,14 +307,20 @@ class SearchRollout:
             # being pushed. Every rank waits here until the main process is done (TRL's own generation gathers
             # first; a rollout_func must do it itself).
             trainer.accelerator.wait_for_everyone()
+        if self._generated_before is None:
+            self._generated_before = self._logged_generated(trainer.state.global_step)
+        drawn = gather_across(list(questions), processes)  # TRL's draw, every process's: the comparison's ledger
         trajs = self._roll(backend, questions, seed)
         signals = self._signals(questions, trajs)
         flat_before = len(self._flat(groups, signals))
         refilled = tried = 0
         if self.dapo.dynamic_sampling:
-            others = gather_across(questions, processes) if processes > 1 else []  # every process's questions
-            refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(others),
-                                           (rank, processes))
+            room = None
+            if self.dapo.max_rollouts is not None:  # what the budget leaves after this call, per process
+                left = self.dapo.max_rollouts - self.generated() - len(drawn)
+                room = max(0, left // (groups_n * processes))
+            refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(drawn),
+                                           (rank, processes), room)
         flat = [groups[g] for g in self._flat(groups, signals)]
         accuracy, budgets = [s[0] for s in signals], [s[1] for s in signals]
         # the final trajectories (refills included), parsed for the rewards, the log and TRL; _signals parsed
@@ -335,7 +359,7 @@ class SearchRollout:
             env_mask.append(mask)
         self.calls += 1
         stats = {
-            "step": trainer.state.global_step, "rollouts": len(trajs),
+            "step": trainer.state.global_step, "rollouts": len(trajs), "generated": len(trajs) + tried * groups_n,
             "reward": sum(rewards) / len(rewards), "accuracy": sum(accuracy) / len(accuracy),
             "searches": sum(t.n_searches for t in trajs) / len(trajs),
             "model_tokens": sum(t.model_tokens for t in trajs) / len(trajs),
@@ -351,6 +375,7 @@ class SearchRollout:
             # Under accelerate every process rolls out its own groups; one record of the whole step is
             # written by the main process (both appending to one file interleaved two partial records)
             stats = _merge_stats(gather_across([stats], processes))
+        stats["prompts"] = drawn
         self.history.append(stats)
         if self.log_path is not None and rank == 0:
             with self.log_path.open("a") as f:
@@ -372,18 +397,6 @@ def vllm_server_url(args) -> str:
     return f"http://{args.vllm_server_host}:{args.vllm_server_port}"
 
 
-def served_model_name(url: str, timeout: float = 30.0) -> str | None:
-    """The model id the server serves (``GET /v1/models``), which its ``/v1/completions`` expects; None when the
-    server lists none. A server that does not answer is an error naming it."""
-    try:
-        response = httpx.get(f"{url}/v1/models", timeout=timeout)
-        response.raise_for_status()
-        models = response.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as err:
-        raise GenerationServiceError(f"generation server {url} did not list its model (GET /v1/models): {err}") from err
-    return models[0].get("id") if models else None
-
-
 def _processes(trainer) -> tuple[int, int]:
     """(process index, number of processes) of the trainer's accelerator; (0, 1) for a plain object."""
     accelerator = getattr(trainer, "accelerator", None)
@@ -398,8 +411,8 @@ def gather_across(values: list, processes: int) -> list:
     return gather_object(values)
 
 
-_SUMMED = ("rollouts", "flat_groups_before", "refilled_groups", "refill_questions_tried", "filtered_groups",
-           "flat_groups", "groups")
+_SUMMED = ("rollouts", "generated", "flat_groups_before", "refilled_groups", "refill_questions_tried",
+           "filtered_groups", "flat_groups", "groups")
 
 
 def _merge_stats(parts: list[dict]) -> dict:
@@ -452,6 +465,28 @@ def grpo_args(cfg: DAPOStageConfig, rewards: RewardConfig, output_dir: Path, see
     )
 
 
+class RolloutBudgetStop(TrainerCallback):
+    """Ends the RL stage before a rollout call the comparison budget (``dapo.max_rollouts``) cannot pay for: every
+    arm of a comparison generates at most that many rollouts, dynamic sampling's refills included, so an arm that
+    refills takes fewer optimizer steps rather than more samples. A rollout call comes before every
+    ``updates_per_generation``-th step; it costs ``prompts_per_step x num_generations`` rollouts."""
+
+    def __init__(self, rollout: "SearchRollout", cfg: DAPOStageConfig):
+        self.rollout, self.cfg = rollout, cfg
+        self.per_call = cfg.prompts_per_step * cfg.num_generations
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.cfg.updates_per_generation == 0 and \
+                self.rollout.generated() + self.per_call > self.cfg.max_rollouts:
+            if self.stopped_at is None:
+                log.info("RL stops at step %d: %d of the budget's %d rollouts used, a call costs %d",
+                         state.global_step, self.rollout.generated(), self.cfg.max_rollouts, self.per_call)
+            self.stopped_at = state.global_step
+            control.should_training_stop = True
+        return control
+
+
 def rl_dataset(questions: Sequence[str], answers: Sequence[list[str]]):
 
     return Dataset.from_dict({"prompt": list(questions), "answers": [list(a) for a in answers]})
@@ -470,6 +505,11 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.max_rollouts is not None:
+        if cfg.max_rollouts < cfg.prompts_per_step * cfg.num_generations:
+            raise ValueError(f"dapo.max_rollouts={cfg.max_rollouts} pays for no rollout call of "
+                             f"{cfg.prompts_per_step} x {cfg.num_generations}")
+        callbacks = [*(callbacks or []), RolloutBudgetStop(rollout_func, cfg)]
     trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
                           args=grpo_args(cfg, rewards, output_dir, seed, reward_weights=None if reward_funcs is None
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,

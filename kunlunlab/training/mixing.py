@@ -502,8 +502,16 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
         real_sources: Sequence[RealSource] = (), *, seed: int) -> list[TrajectoryExample]:
     """All epochs of the schedule, in order (epoch 0 first): each epoch draws ``samples_per_epoch``
     questions, ``n_hq`` of them high quality and the rest noisy at that epoch's noise ratio; the real sources'
-    samples count among the high-quality ones. ``seed``: the run's (``TrainConfig.seed``)."""
-    rng = random.Random(seed)
+    samples count among the high-quality ones. ``seed``: the run's (``TrainConfig.seed``).
+
+    Which questions are drawn, which slots are noisy and the order of the drawn samples come from one stream
+    (``seed``) that no mechanism touches, so every arm of a comparison trains on the same questions in the same
+    order whatever its own mechanisms draw: a sample's corruption and STIE round draw from the sample's own
+    stream (seed, epoch, slot), plan samples from theirs, and they are inserted into the shuffled epoch at
+    positions of their own stream. (One stream for everything gave kunlun's arm another draw of questions than
+    the peers': its background and feedback draws moved every later pick.)"""
+    draws = random.Random(seed)
+    extras = random.Random(f"{seed}:extras")
     out: list[TrajectoryExample] = []
     sources = [s for s in real_sources if s.questions and s.share > 0]
     for row in schedule(cfg):
@@ -512,39 +520,40 @@ def mix(builder: TrajectoryBuilder, world_questions: Sequence[QAExample], cfg: M
             n_real.append(min(round(source.share * cfg.samples_per_epoch), room, len(source.questions)))
             room -= n_real[-1]
         n_world = cfg.samples_per_epoch - sum(n_real)
-        picks = rng.sample(list(world_questions), min(n_world, len(world_questions)))
-        noisy_slots = set(rng.sample(range(len(picks)), min(row["n_noisy"], len(picks))))
+        picks = draws.sample(list(world_questions), min(n_world, len(world_questions)))
+        noisy_slots = set(draws.sample(range(len(picks)), min(row["n_noisy"], len(picks))))
         epoch = []
         for j, ex in enumerate(picks):
+            own = random.Random(f"{seed}:{row['epoch']}:{j}")  # this sample's corruption and feedback draws
             if j in noisy_slots:
                 # A noisy sample has at least one corrupted stage: retry with fresh draws a few times.
                 for _ in range(8):
-                    t = builder.world(ex, row["noise_ratio"], rng, cfg.noise_kinds)
+                    t = builder.world(ex, row["noise_ratio"], own, cfg.noise_kinds)
                     if t.noise:
                         break
             else:
                 t = builder.world(ex)
-            if cfg.stie_feedback_share and rng.random() < cfg.stie_feedback_share:
-                builder.add_stie_round(t, ex, rng.random() < cfg.stie_wrong_first, rng)
+            if cfg.stie_feedback_share and own.random() < cfg.stie_feedback_share:
+                builder.add_stie_round(t, ex, own.random() < cfg.stie_wrong_first, own)
             t.epoch = row["epoch"]
             epoch.append(t)
         for source, n in zip(sources, n_real):
-            for ex in rng.sample(list(source.questions), n):
+            for ex in draws.sample(list(source.questions), n):
                 t = source.builder.hotpot(ex, source.name)
                 t.epoch = row["epoch"]
                 epoch.append(t)
         rest = [q for q in world_questions if q not in picks]
-        for ex in rng.sample(rest, min(cfg.first_turn_samples, len(rest))):
+        for ex in draws.sample(rest, min(cfg.first_turn_samples, len(rest))):
             t = builder.world(ex)
             t.segments, t.partial, t.epoch = t.segments[:1], True, row["epoch"]
             epoch.append(t)
+        draws.shuffle(epoch)
         # plan samples teach eq. 2's planning turn, which plan-free RDRA never runs: none are written then
         n_plans = cfg.plan_samples if builder.rdra.use_plan else 0
-        for ex in rng.sample(list(world_questions), min(n_plans, len(world_questions))):
+        for ex in extras.sample(list(world_questions), min(n_plans, len(world_questions))):
             t = builder.plan_sample(ex)
             t.epoch = row["epoch"]
-            epoch.append(t)
-        rng.shuffle(epoch)
+            epoch.insert(extras.randrange(len(epoch) + 1), t)
         out.extend(epoch)
     return out
 

@@ -43,6 +43,7 @@ from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.retrieval.store import load_retriever, save_retriever
 from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
                                        load_config)
+from kunlunlab.training.comparison import budget_ledger, write_ledger
 from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.evaluation import agent_settings, heldout_evaluation
@@ -495,7 +496,11 @@ class TrainingRun:
         after = self.evaluations.get("after") or self.evaluate("after")
         summary = build_summary(self.cfg, before, after, self.timings, self.steps, self.trajectories, self.stats_rows)
         summary["peak_gpu_gb"] = self.peaks
+        if "sft" in self.evaluations:  # RL's own effect: the same questions after SFT and after RL
+            summary["after_sft"] = {name: {k: v for k, v in part.items() if not isinstance(v, (list, dict))}
+                                    for name, part in self.evaluations["sft"].items() if isinstance(part, dict)}
         (self.run_dir / "training_summary.json").write_text(json.dumps(summary, indent=2))
+        write_ledger(self.run_dir, budget_ledger(self.cfg, self.trajectories, self.run_dir / "dapo_rollouts.jsonl"))
         return summary
 
 
@@ -508,6 +513,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     if cfg.sft.enabled:
         run.mix()
     run.sft()
+    if cfg.eval.after_sft and cfg.sft.enabled and (cfg.prl.enabled or cfg.dapo.enabled):
+        run.evaluate("sft")
     run.prl()
     run.dapo()
     run.evaluate("after")

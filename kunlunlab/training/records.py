@@ -71,12 +71,13 @@ HELDOUT_FILES = {"world": "eval_after_world.jsonl", "hotpotqa_distractor": "eval
                  "rl_heldout": "eval_after_rl.jsonl", "world_summary": "eval_after_summary.jsonl"}
 
 
-def heldout_records(run_dir: str | Path, dataset: str = "world") -> list[dict]:
+def heldout_records(run_dir: str | Path, dataset: str = "world", tag: str = "after") -> list[dict]:
     """The per-question records of a finished run's evaluation after training (``world`` or
-    ``hotpotqa_distractor``): what :func:`compare_runs` pairs by question id."""
+    ``hotpotqa_distractor``; ``tag`` "sft": the evaluation between SFT and RL, ``eval.after_sft``): what
+    :func:`compare_runs` pairs by question id."""
     if dataset not in HELDOUT_FILES:
         raise ValueError(f"unknown held-out set {dataset!r}; choose from {sorted(HELDOUT_FILES)}")
-    path = jsonl_path(Path(run_dir) / HELDOUT_FILES[dataset])
+    path = jsonl_path(Path(run_dir) / HELDOUT_FILES[dataset].replace("eval_after_", f"eval_{tag}_"))
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a finished training run folder")
     return read_jsonl(path)

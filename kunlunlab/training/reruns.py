@@ -12,12 +12,15 @@ rerun resolves that to the other run's folder and reruns the other run first whe
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kunlunlab.configs import apply_overrides, read_config_file
+from kunlunlab.configs import apply_overrides, leaf_values, read_config_file
 from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.training.comparison import (Comparison, check_ledgers, read_ledger, recipe_differences,
+                                           write_ledger)
 from kunlunlab.training.config import TrainConfig, config_from_dict
 from kunlunlab.training.pipeline import train
 
@@ -104,3 +107,82 @@ def rerun(name: str, runs_root: Path, smoke_overrides: dict | None = None,
             progress(f"[rerun] {step.name} -> {step.run_dir} (record {step.record})")
         summaries.append(train(cfg, step.run_dir, progress=progress))
     return summaries
+
+
+# The test suite's sizes that a comparison's arms share: SMOKE_OVERRIDES less the agent's own mechanisms (plan
+# samples, STIE rounds, RDRA and STIE sizes), which are each recipe's and must not reach a peer's arm.
+_RECIPE_KEYS = ("agent.", "mixing.plan_samples", "mixing.stie_feedback_share")
+
+
+def comparison_smoke_overrides(smoke_overrides: dict) -> dict:
+    """The smoke sizes every arm of a comparison takes alike (the rollout budget what their RL steps buy)."""
+    shared = {k: v for k, v in smoke_overrides.items() if not k.startswith(_RECIPE_KEYS)}
+    dapo = {k.split(".", 1)[1]: v for k, v in shared.items() if k.startswith("dapo.")}
+    calls = -(-dapo.get("steps", 1) // dapo.get("updates_per_generation", 1))
+    shared["dapo.max_rollouts"] = calls * dapo.get("prompts_per_step", 1) * dapo.get("num_generations", 2)
+    return shared
+
+
+# Config keys that act after SFT only: two arms of one seed equal in every other key share one SFT checkpoint
+RL_SIDE = ("dapo.", "rewards.", "eval.", "prl.", "report_to")
+
+
+def sft_fingerprint(cfg: TrainConfig) -> str:
+    """What decides an arm's SFT model: every config value but the RL stage's, its reward's and its evaluation's."""
+    values = {k: v for k, v in leaf_values(cfg.to_dict()).items() if not k.startswith(RL_SIDE)}
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def run_comparison(comparison: Comparison, runs_root: Path, arms: list[str] | None = None,
+                   seeds: list[int] | None = None, overrides: dict | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Trains (or resumes, or reuses) every arm of ``comparison`` under every seed in ``runs_root/<run name>``,
+    then holds the arms of each seed to one another (:func:`~kunlunlab.training.comparison.check_ledgers`).
+    ``overrides``: settings every arm takes alike on top of the budget (a device, the smoke sizes of
+    :func:`comparison_smoke_overrides`). Arms of one seed whose configs differ only after SFT (a recipe's RL
+    variant) share the first one's SFT checkpoint: the variant's RL starts from it (its KL reference), its ledger
+    takes that SFT's samples and its after-SFT evaluation is that one's. Returns ``{"runs": {run name: training summary}, "problems": {seed:
+    [...]}, "overridden": {arm: [...]}, "sft_from": {run: run}, "differences": ...}`` and writes it to
+    ``runs_root/<comparison>.fairness.json``."""
+    runs = comparison.runs(arms, seeds)
+    summaries, overridden, sft_from, first_sft = {}, {}, {}, {}
+    for run in runs:
+        cfg = run.config
+        if overrides:
+            cfg = config_from_dict(apply_overrides(cfg.to_dict(), dict(overrides)),
+                                   f"comparison {comparison.name} arm {run.arm}")
+        run_dir = runs_root / run.name
+        overridden[run.arm] = run.overridden
+        source = first_sft.setdefault(sft_fingerprint(cfg), run.name) if cfg.sft.enabled else run.name
+        if source != run.name:
+            sft_from[run.name] = source
+            cfg = config_from_dict(apply_overrides(cfg.to_dict(), {
+                "model": str((runs_root / source / "sft" / "final").resolve()), "sft.enabled": False}))
+        if (run_dir / "training_summary.json").is_file():
+            summaries[run.name] = json.loads((run_dir / "training_summary.json").read_text())
+            continue
+        if progress:
+            progress(f"[comparison] {run.name} -> {run_dir} (recipe {run.recipe}"
+                     + (f", SFT of {source})" if source != run.name else ")"))
+        summaries[run.name] = train(cfg, run_dir, progress=progress)
+        if source != run.name:
+            _take_sft(runs_root / source, run_dir)
+    problems = {}
+    for seed in sorted({run.seed for run in runs}):
+        ledgers = {run.arm: read_ledger(runs_root / run.name) for run in runs if run.seed == seed}
+        problems[str(seed)] = check_ledgers(ledgers)
+    result = {"comparison": comparison.name, "runs": summaries, "problems": problems, "overridden": overridden,
+              "sft_from": sft_from, "differences": recipe_differences(runs)}
+    runs_root.mkdir(parents=True, exist_ok=True)
+    (runs_root / f"{comparison.name}.fairness.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def _take_sft(source: Path, run_dir: Path) -> None:
+    """A variant's record of the SFT it started from: that run's SFT samples in its ledger, its after-SFT
+    evaluation records beside the variant's own after RL."""
+    ledger, theirs = read_ledger(run_dir), read_ledger(source)
+    ledger.update(sft_samples=theirs["sft_samples"], sft_from=source.name)
+    write_ledger(run_dir, ledger)
+    for records in source.glob("eval_sft_*.jsonl*"):
+        shutil.copyfile(records, run_dir / records.name)

@@ -66,6 +66,17 @@ def test_openai_backend_matches_the_local_backend_through_the_server(backend, pr
     assert turn[0].token_ids and session.ids[0][len(prompts[0]):] == turn[0].token_ids
 
 
+def test_openai_backend_without_a_model_id_sends_the_one_the_server_serves(backend):
+    """``kunlunlab eval --llm-url URL --model <local path>``: the requests name the server's model id (vLLM
+    answers 404 to another), the tokenizer is the local path's."""
+    from kunlunlab.models import resolve_llm
+
+    with ServerThread(create_app(backend, served_name="served-as-this")) as url:
+        remote = OpenAIBackend(url, None, tokenizer_name=resolve_llm(None))
+        assert remote.model == remote.name == "served-as-this"
+        assert generate_once(remote, [[104, 105]], 2, stop=())[0].token_ids
+
+
 def test_openai_backend_reports_a_dead_server_clearly(backend):
     remote = OpenAIBackend(f"http://127.0.0.1:{free_port()}", backend.name, retries=0, timeout=2)
     with pytest.raises(GenerationServiceError, match="generation server"):

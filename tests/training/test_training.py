@@ -285,6 +285,26 @@ def test_dynamic_sampling_drops_accuracy_flat_groups_and_refills_the_batch(backe
     assert all(any(m) for m in out["env_mask"])
 
 
+def test_dynamic_sampling_refills_no_more_than_the_comparisons_rollout_budget_leaves(backend):
+    """dapo.max_rollouts pays for refills too: with 8 rollouts in the budget, a call of 4 (two groups of 2, both
+    flat) after 2 already generated leaves room for one refill group of 2, not two; the log counts 4 + 2."""
+    turn = _answer_turn
+    plan = {"q0": [turn("gold-q0")] * 2, "q1": [turn("wrong")] * 2,
+            "q2": [turn("gold-q2"), turn("wrong")], "q4": [turn("wrong"), turn("gold-q4")]}
+    cfg = DAPOStageConfig(max_resample=3, prompts_per_step=2, num_generations=2, steps=4, max_rollouts=8)
+    rollout = _scripted_rollout(backend.tokenizer, plan, cfg)
+    rollout.history.append({"step": -1, "rollouts": 2, "generated": 2})  # what earlier calls used
+    rollout._generated_before = 0
+    rollout(["q0", "q0", "q1", "q1"], _stub_trainer())
+    stats = rollout.history[-1]
+    assert stats["refilled_groups"] == 1 and stats["refill_questions_tried"] == 1 and stats["generated"] == 6
+    assert stats["prompts"] == ["q0", "q0", "q1", "q1"]  # TRL's draw, before the refill replaced a group
+    assert rollout.generated() == 8
+    unbounded = _scripted_rollout(backend.tokenizer, plan, DAPOStageConfig(max_resample=3, num_generations=2))
+    unbounded(["q0", "q0", "q1", "q1"], _stub_trainer())
+    assert unbounded.history[-1]["refilled_groups"] == 2 and unbounded.history[-1]["generated"] == 8
+
+
 @pytest.mark.parametrize("includes_budget, w_budget, q0_in_loss", [(False, 0.5, False), (True, 0.5, True),
                                                                    (True, 0.0, False)])
 def test_a_group_right_everywhere_but_unequal_in_searches_is_informative_when_flatness_includes_the_budget(
