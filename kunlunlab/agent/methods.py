@@ -27,7 +27,8 @@ from kunlunlab.agent.backends import Backend, chat_prompt_ids, generate_once
 from kunlunlab.agent.protocol import (DIRECT_SYSTEM, DOCS_USER_TEMPLATE, IRCOT_SYSTEM, QUESTION_USER_TEMPLATE,
                                       SEARCH_O1_SYSTEM, SYSTEM_PROMPT, build_messages, extract_final_answer,
                                       numbered_docs)
-from kunlunlab.agent.protocols import AgentProtocol, NamesView, RegistryView, get_protocol, peer_protocols
+from kunlunlab.agent.protocols import (RESERVED_METHOD_NAMES, AgentProtocol, NamesView, RegistryView, get_protocol,
+                                      peer_protocols)
 from kunlunlab.agent.rdra import RDRAConfig, rdra_contexts
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, SearchFn
 from kunlunlab.agent.search_o1 import ReasonInDocumentsConfig, SearchO1Engine
@@ -340,6 +341,7 @@ def peer_method(protocol: AgentProtocol) -> type[PeerAgent]:
 
 _FIXED_METHODS: dict[str, Callable[..., Method]] = {m.name: m for m in (NaiveGeneration, NaiveRAG, IterRetGen, IRCoT,
                                                                         SearchO1, SearchThinkAgent, KunLun)}
+RESERVED_METHOD_NAMES.update(_FIXED_METHODS)  # a peer protocol named like one would be shadowed: refused
 # every method by name: the fixed ones above, then one PeerAgent per registered peer protocol (read when used, so
 # a protocol registered at run time is a method too)
 METHODS: Mapping[str, Callable[..., Method]] = RegistryView(

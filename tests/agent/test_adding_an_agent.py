@@ -97,6 +97,13 @@ def test_a_registered_protocol_is_in_every_registry_and_leaves_them_after(bracke
     assert get_protocol("bracket") is bracket
 
 
+def test_a_peer_protocol_may_not_take_a_methods_name():
+    with pytest.raises(ValueError, match="'naive_rag' is a method already"):
+        with registered(AgentProtocol(**{**BRACKET.__dict__, "name": "naive_rag", "rewards": {}})):
+            pass
+    assert "naive_rag" not in PROTOCOLS and METHODS["naive_rag"].name == "naive_rag"
+
+
 def test_no_registry_keeps_a_protocol_after_its_test():
     assert "bracket" not in PROTOCOLS and "bracket" not in METHODS and "bracket" not in PEER_METHODS
     assert "bracket" not in AGENT_METHODS and "bracket" not in REWARD_KINDS and "bracket" not in PEER_REWARDS

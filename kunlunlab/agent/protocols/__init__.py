@@ -62,6 +62,10 @@ class NamesView(_LiveView, Sequence):
     __hash__ = None
 
 
+# the methods that are not a peer protocol's (kunlunlab.agent.methods fills it as it loads): a peer may not take one
+RESERVED_METHOD_NAMES: set[str] = set()
+
+
 def register_protocol(protocol: AgentProtocol) -> AgentProtocol:
     """Adds ``protocol`` to :data:`PROTOCOLS`, and so to every registry that reads it (methods, training config, reward
     kinds, peer rewards). Its name and reward kinds must be new (registering the same object again does nothing)."""
@@ -72,6 +76,9 @@ def register_protocol(protocol: AgentProtocol) -> AgentProtocol:
         return protocol
     if known is not None:
         raise ValueError(f"an agent protocol named {protocol.name!r} is registered already ({known.source})")
+    if protocol.peer and protocol.name in RESERVED_METHOD_NAMES:
+        raise ValueError(f"a peer protocol's method takes its name, and {protocol.name!r} is a method already "
+                         f"({', '.join(sorted(RESERVED_METHOD_NAMES))} are taken)")
     taken = {kind: p.name for p in PROTOCOLS.values() for kind in p.reward_kinds}
     clashes = sorted(f"{kind} ({taken[kind]})" for kind in protocol.reward_kinds if kind in taken)
     if clashes:
