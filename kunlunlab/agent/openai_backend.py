@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import httpx
+
 from kunlunlab.agent.backends import AnswerBlock, SamplingConfig, Segment, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.protocol import STOP_STRINGS
@@ -52,15 +54,21 @@ class OpenAIBackend:
                                      retry=RetryPolicy.from_retries(self.retries, self.backoff, self.max_backoff),
                                      timeout=self.timeout, api_key=self.api_key, key_env=API_KEY_ENV)
         self.url = self.service.url
-        if self.model is None:  # vLLM answers 404 to a model id it does not serve: ask it which one it does
-            self.model = self.served_model() or self.tokenizer_name or "default"
-        self.name = self.model
+        # the tokenizer: the one named, else the model's when one was given, else the embedded default's
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_llm(self.tokenizer_name or self.model))
+        if self.model is None:  # vLLM answers 404 to a model id it does not serve: ask it which one it does
+            self.model = self.served_model() or "default"
+        self.name = self.model
 
     def served_model(self) -> str | None:
-        """The first model id the server lists (``GET /v1/models``), None when it lists none."""
-        models = self.service.json("GET", "/models").get("data") or []
-        return models[0].get("id") if models else None
+        """The first model id the server lists (``GET /v1/models``, asked once); None when it lists none or does not
+        answer (the first completion request then reports the server as it always does)."""
+        try:
+            response = self.service.http.get(self.url + "/models")
+            models = response.json().get("data") or [] if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return models[0].get("id") if models and isinstance(models[0], dict) else None
 
     def open(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig | None = None) -> "OpenAISession":
         return OpenAISession(self, prompts, sampling or SamplingConfig())

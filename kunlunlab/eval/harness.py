@@ -352,7 +352,9 @@ def load_data(config: EvalConfig) -> tuple[list[QAExample], list[Passage] | None
 def make_backend(config: EvalConfig):
     """The answering model: a served one when ``llm_url`` is set, else a local one."""
     if config.llm_url:
-        return OpenAIBackend(config.llm_url, None, tokenizer_name=config.model)  # the server's model id, asked
+        # --model names the served id and the tokenizer; without it, the id the server serves (asked) and the
+        # embedded default's tokenizer
+        return OpenAIBackend(config.llm_url, config.model, tokenizer_name=config.model)
     return TransformersBackend(config.model, device=config.device, dtype=config.dtype)
 
 
