@@ -375,12 +375,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _training_runs(command: str, runs_root: Path, again: list[str], work):
+    """``(work(), None)``, or ``(None, exit code)`` after one line for what a command training runs into
+    ``runs_root`` can meet: a refused folder, a missing file or model (2), a retrieval service failing (1), Ctrl-C
+    (130, saying how to resume with ``again``)."""
+    from kunlunlab.models import ModelNotAvailableError
+    from kunlunlab.retrieval.client import RetrievalServiceError
+    from kunlunlab.training.pipeline import RunFolderConflict
+
+    try:
+        return work(), None
+    except (RunFolderConflict, FileNotFoundError, ModelNotAvailableError) as err:
+        return None, _fail(command, err)
+    except RetrievalServiceError as err:
+        return None, _fail(command, err, FAULT)
+    except KeyboardInterrupt:
+        return None, _interrupted(command, f"the finished runs and the interrupted one's checkpoints stay in "
+                                           f"{runs_root}: `{shlex.join(again)}` reuses the finished and resumes the "
+                                           "interrupted one")
+
+
 def cmd_rerun(args: argparse.Namespace) -> int:
     """A kept training result rerun by name (``experiments/configs/runs/<name>.json``), the runs it starts
     from first; without a name, the names and what each reproduces."""
-    from kunlunlab.models import ModelNotAvailableError
-    from kunlunlab.retrieval.client import RetrievalServiceError
-    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, RunFolderConflict
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES
     from kunlunlab.training.reruns import UnknownRunError, read_run_config, rerun, rerun_plan, run_names
 
     if not args.name:
@@ -398,17 +416,11 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps({"name": args.name, "plan": [step.to_dict() for step in plan]}))
         return 0
-    try:
-        summaries = rerun(args.name, runs_root, SMOKE_OVERRIDES if args.smoke else None,
-                          progress=lambda msg: print(msg, flush=True))
-    except (RunFolderConflict, FileNotFoundError, ModelNotAvailableError) as err:
-        return _fail("rerun", err)
-    except RetrievalServiceError as err:
-        return _fail("rerun", err, FAULT)
-    except KeyboardInterrupt:
-        again = ["kunlunlab", "rerun", args.name, "--runs-dir", str(runs_root)] + ["--smoke"] * args.smoke
-        return _interrupted("rerun", f"the finished runs and the interrupted one's checkpoints stay in {runs_root}: "
-                                     f"`{shlex.join(again)}` reuses the finished and resumes the interrupted one")
+    again = ["kunlunlab", "rerun", args.name, "--runs-dir", str(runs_root)] + ["--smoke"] * args.smoke
+    summaries, code = _training_runs("rerun", runs_root, again, lambda: rerun(
+        args.name, runs_root, SMOKE_OVERRIDES if args.smoke else None, progress=lambda msg: print(msg, flush=True)))
+    if code is not None:
+        return code
     print(json.dumps({"name": args.name, "runs": [str(step.run_dir) for step in plan],
                       "em_after": {step.name: s.get("em_after") for step, s in zip(plan, summaries)}}))
     return 0
@@ -417,10 +429,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 def cmd_comparison(args: argparse.Namespace) -> int:
     """Every arm of a comparison under its one budget and every seed (:mod:`kunlunlab.training.comparison`), then
     the check that they ran alike; exit 1 when they did not, naming each difference."""
-    from kunlunlab.models import ModelNotAvailableError
-    from kunlunlab.retrieval.client import RetrievalServiceError
     from kunlunlab.training.comparison import load_comparison
-    from kunlunlab.training.pipeline import SMOKE_OVERRIDES, RunFolderConflict
+    from kunlunlab.training.pipeline import SMOKE_OVERRIDES
     from kunlunlab.training.reruns import comparison_smoke_overrides, run_comparison
 
     try:
@@ -434,18 +444,12 @@ def cmd_comparison(args: argparse.Namespace) -> int:
             {"name": r.name, "arm": r.arm, "seed": r.seed, "recipe": r.recipe, "run_dir": str(runs_root / r.name),
              "overridden": r.overridden} for r in runs]}))
         return 0
-    try:
-        result = run_comparison(comparison, runs_root, args.arms, args.seeds,
-                                comparison_smoke_overrides(SMOKE_OVERRIDES) if args.smoke else None,
-                                progress=lambda msg: print(msg, flush=True))
-    except (RunFolderConflict, FileNotFoundError, ModelNotAvailableError) as err:
-        return _fail("comparison", err)
-    except RetrievalServiceError as err:
-        return _fail("comparison", err, FAULT)
-    except KeyboardInterrupt:
-        again = ["kunlunlab", "comparison", args.comparison, "--runs-dir", str(runs_root)] + ["--smoke"] * args.smoke
-        return _interrupted("comparison", f"the finished runs and the interrupted one's checkpoints stay in "
-                                          f"{runs_root}: `{shlex.join(again)}` reuses and resumes them")
+    again = ["kunlunlab", "comparison", args.comparison, "--runs-dir", str(runs_root)] + ["--smoke"] * args.smoke
+    result, code = _training_runs("comparison", runs_root, again, lambda: run_comparison(
+        comparison, runs_root, args.arms, args.seeds,
+        comparison_smoke_overrides(SMOKE_OVERRIDES) if args.smoke else None, progress=lambda msg: print(msg, flush=True)))
+    if code is not None:
+        return code
     problems = [f"seed {seed}: {p}" for seed, found in result["problems"].items() for p in found]
     for line in problems:
         print(f"kunlunlab comparison: {line}", file=sys.stderr)
