@@ -1,10 +1,11 @@
 """What differs between the library versions the project's extras allow, chosen by capability, not by version.
 
-The CPU lock (``constraints.txt``) has transformers 5.24; the ``gpu`` extra resolves 5.17 (vLLM 0.31 caps it below
-5.18, ``constraints-gpu.txt``), and so does the GPU image. Transformers 5.2x renamed ``gradient_checkpointing`` to
-``activation_checkpointing`` (the old name a deprecated alias, warning on use); 5.17 knows only the old name, so
-passing the new one raised ``TypeError`` in every training stage on a GPU node (issue 42). Which name a
-``TrainingArguments`` takes is read off its fields, so the code runs on either without a warning to hide.
+The CPU lock (``constraints.txt``) has transformers 5.22 (pyproject.toml keeps it below 5.23, which deprecated the
+``is_gradient_checkpointing`` that TRL 1.16 reads at every RL step); the ``gpu`` extra resolves 5.17 (vLLM 0.31 caps
+it below 5.18, ``constraints-gpu.txt``), and so does the GPU image. Transformers 5.2x renamed
+``gradient_checkpointing`` to ``activation_checkpointing`` (the old name a deprecated alias, warning on use); 5.17
+knows only the old name, so passing the new one raised ``TypeError`` in every training stage on a GPU node (issue 42).
+Which name a ``TrainingArguments`` takes is read off its fields, so the code runs on either without a warning to hide.
 """
 from __future__ import annotations
 

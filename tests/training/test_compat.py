@@ -1,7 +1,7 @@
-"""Each training stage switches activation checkpointing on under the transformers it runs on: 5.24 in the CPU lock,
-5.17 on a GPU node (the ``gpu`` extra and the device image; ``make test-gpuenv`` runs this file there). Passing 5.24's
-name ``activation_checkpointing`` to 5.17 raised ``TypeError`` in SFT, DPO and DAPO alike (issue 42); passing 5.17's
-name to 5.24 works but warns that it is deprecated."""
+"""Each training stage switches activation checkpointing on under the transformers it runs on: 5.22 in the CPU lock,
+5.17 on a GPU node (the ``gpu`` extra and the device image; ``make test-gpuenv`` runs this file there), and 5.2x with
+the new name. Passing the new name ``activation_checkpointing`` to 5.17 raised ``TypeError`` in SFT, DPO and DAPO alike
+(issue 42); passing the old name to 5.23+ works but warns that it is deprecated."""
 import dataclasses
 import warnings
 
@@ -48,3 +48,22 @@ def test_the_name_in_use_is_one_this_transformers_has():
     assert name in FIELDS
     # where both exist the current name is the one used (the old one is the deprecated alias)
     assert name == ("activation_checkpointing" if "activation_checkpointing" in FIELDS else "gradient_checkpointing")
+
+
+def test_trl_rl_step_helper_reads_checkpointing_without_a_deprecation_warning():
+    """TRL 1.16's GRPOTrainer wraps every generation in ``disable_gradient_checkpointing``, which reads
+    ``model.is_gradient_checkpointing``; transformers 5.23+ deprecated that property, so each RL step of notebooks
+    04, 07 and 08 printed a FutureWarning (issue 54). The lock pins a transformers in which TRL's call is current."""
+    from transformers import AutoTokenizer
+    from trl.models.utils import disable_gradient_checkpointing
+
+    from kunlunlab.models import resolve_llm
+    from tests.tiny_training import tiny_llama
+
+    model = tiny_llama(AutoTokenizer.from_pretrained(resolve_llm(None)))
+    model.gradient_checkpointing_enable()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with disable_gradient_checkpointing(model):
+            pass
+    assert [str(w.message) for w in caught if "checkpointing" in str(w.message)] == []
