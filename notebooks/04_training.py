@@ -45,18 +45,22 @@ overrides = {}            # e.g. {"sft.learning_rate": 5e-5, "dapo.steps": 8}
 smoke = False
 device = "auto"           # where the model trains and generates: auto (CUDA when present), cpu, cuda, cuda:N
 run_dir = None            # None: a new experiments/runs/<timestamp>-04_training folder
+kept = "experiments/results/planfree_makerun"   # the kept full-size run of this recipe shown beside this one
+                          # (relative to the repository root; None: none)
 
 # %%
 import json
 
 from IPython.display import HTML, display
 
-from kunlunlab.paths import notebook_run_dir
+from kunlunlab.configs import leaf_values
+from kunlunlab.eval.compare import kept_beside_fresh
+from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir
 from kunlunlab.training.config import TrainConfig
 from kunlunlab.training.pipeline import TrainingRun, run_config
-from kunlunlab.training.records import heldout_records, training_logs
+from kunlunlab.training.records import HELDOUT_FILES, heldout_records, training_logs
 from kunlunlab.viz import (before_after_figure, before_after_html, config_table_html, data_figure, render_trajectory,
-                           save_figure, sft_loss_figure, training_curves)
+                           save_figure, sft_loss_figure, table_html, training_curves)
 
 cfg = run_config(config, {"device": device, **overrides}, smoke=smoke)
 run_dir = notebook_run_dir(run_dir, "04_training")
@@ -170,6 +174,32 @@ print(f"{summary['steps']} optimizer steps {summary['steps_by_stage']}, {summary
 fig = before_after_figure(summary)
 save_figure(fig, run_dir, "before_after")
 fig
+
+# %% [markdown]
+# ## This run beside the kept full-size run
+#
+# `make run` evaluates on few questions to keep the series within its hour, so its EM moves by tens of points
+# from one draw to the next. The kept run of the same recipe (`kept`, its records and config in that folder;
+# docs/results.md, "make run's training") was evaluated on more held-out questions of the same world: here both,
+# labelled, and this run minus the kept one on the questions both evaluated (paired; a question counts as shared
+# only where its id and its text agree).
+
+# %%
+if kept:
+    kept_dir = PROJECT_ROOT / kept
+    kept_cfg = json.loads((kept_dir / "train_config.json").read_text())
+    for dataset, label in (("world", "synthetic world"), ("hotpotqa_distractor", "HotpotQA distractor")):
+        if not (run_dir / HELDOUT_FILES[dataset]).is_file():
+            continue
+        header, rows = kept_beside_fresh(heldout_records(kept_dir, dataset), heldout_records(run_dir, dataset),
+                                         f"kept: {kept} (after training)", "this run (after training)")
+        print(label)
+        display(HTML(table_html(header, rows)))
+    kept_values, now_values = leaf_values(kept_cfg), leaf_values(cfg.to_dict())
+    # fields added since the kept run are left out (it ran their defaults' predecessors); lists and tuples alike
+    print("the kept run's config (kept -> this run), where they differ:",
+          {k: (kept_values[k], v) for k, v in now_values.items()
+           if k in kept_values and json.dumps(kept_values[k]) != json.dumps(v) and k != "device"})
 
 # %% [markdown]
 # ## The two answer modes

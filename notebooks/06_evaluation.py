@@ -55,15 +55,18 @@ rollout = {}               # the agent's budgets on every row ({"max_total_token
 training_runs = {}         # training ablations: label -> `kunlunlab train` run folder; the first is the reference
 n_resamples = 2000
 seed = 0
+kept = "experiments/results/planfree_makerun"   # the kept full-size run of make run's recipe, shown beside this
+                           # run's kunlun row (relative to the repository root; None: none)
 smoke = False
 run_dir = None             # None: a new experiments/runs/<timestamp>-06_evaluation folder
 
 # %%
 import json
 from IPython.display import HTML, display
+from kunlunlab.eval.compare import kept_beside_fresh
 from kunlunlab.eval.metrics import exact_match, f1, normalize_answer
-from kunlunlab.paths import notebook_run_dir, shared_data_dir
-from kunlunlab.training.records import compare_runs
+from kunlunlab.paths import PROJECT_ROOT, jsonl_path, notebook_run_dir, read_jsonl, shared_data_dir
+from kunlunlab.training.records import compare_runs, heldout_records
 from kunlunlab.studies.suite import MODES_TITLE, TABLE2_TITLE, SuiteConfig, ablation_title, run_suite, suite_tables
 from kunlunlab.viz import method_bars, save_figure, table_html
 from kunlunlab.viz.trajectory_browser import (record_html, runs_from_suite, stie_config_for, trajectories_html,
@@ -181,6 +184,21 @@ summaries = [s for s in result.summaries if s["variant"] in (*cfg.baselines, cfg
 fig = method_bars(summaries, "em")
 save_figure(fig, run_dir, "em_per_dataset")
 fig
+
+# %% [markdown]
+# `make run` evaluates on few questions, so the row above moves by tens of points from one draw to the next. The
+# kept run of the recipe make run trains (`kept`: notebook 04's config, trained and evaluated on more held-out
+# questions of the same world; docs/results.md) beside this run's `kunlun` row, labelled, and this run minus the
+# kept one paired on the questions both answered (a question counts as shared only where id and text agree).
+
+# %%
+fresh_kunlun = jsonl_path(run_dir / "records" / f"world.{cfg.method}.jsonl")
+if kept and fresh_kunlun.is_file():
+    header_k, rows_k = kept_beside_fresh(heldout_records(PROJECT_ROOT / kept, "world"), read_jsonl(fresh_kunlun),
+                                         f"kept: {kept} (kunlun after training)",
+                                         f"this run: {cfg.method} on {model or 'the untrained embedded model'}",
+                                         n_resamples=n_resamples, seed=seed)
+    display(HTML(table_html(header_k, rows_k)))
 
 # %% [markdown]
 # ## Which answer mode each method chose

@@ -135,3 +135,30 @@ def ablation_table(variants: Mapping[str, Sequence[dict]], reference: str, n_res
         rows.append([name, len(recs), round(100 * em, 1), round(100 * f1, 1),
                      None if searches is None else round(searches, 2), delta, reading, tag_share_cell(recs)])
     return header, rows
+
+
+def kept_beside_fresh(kept: Sequence[dict], fresh: Sequence[dict], kept_label: str, fresh_label: str,
+                      n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list]]:
+    """A kept full-size record of a table beside the run just made at a smaller size (issue 54): each on all its
+    own questions (EM, F1, searches, answer-tag share), and the fresh run minus the kept one paired on the questions
+    both evaluated, a question counting as shared only where its id *and* its text agree (a world drawn anew under
+    the same ids is not paired). No shared question, or a collapsed side, gives no difference rather than one
+    read off different questions or degenerate text."""
+    header = ["record", "n", "EM", "F1", "searches / q", "tag %", "Δ EM this run − kept [95% CI], shared questions"]
+
+    def row(label, recs, delta):
+        searches = _mean([r.get("searches") for r in recs])
+        return [label, len(recs), round(100 * (_mean([r["em"] for r in recs]) or 0.0), 1),
+                round(100 * (_mean([r["f1"] for r in recs]) or 0.0), 1),
+                None if searches is None else round(searches, 2), tag_share_cell(recs), delta]
+
+    kept_by_id = {r["id"]: r for r in kept}
+    shared = [r for r in fresh if r["id"] in kept_by_id and r.get("question") == kept_by_id[r["id"]].get("question")]
+    if not shared:
+        delta = "no shared question: not paired"
+    elif collapsed(fresh) or collapsed(kept):
+        delta = "a collapsed side: not compared"
+    else:
+        c = compare(shared, [kept_by_id[r["id"]] for r in shared], "em", n_resamples, seed)
+        delta = f"{c['diff']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] n={c['n']}"
+    return header, [row(kept_label, list(kept), "–"), row(fresh_label, list(fresh), delta)]

@@ -61,3 +61,26 @@ def test_ablation_table_reads_intervals_honestly():
     assert by["−STIE"][6] == "no measurable effect at this scale"
     assert by["−RDRA"][5] == "-100.0 [-100.0, -100.0]"
     assert by["−RDRA"][6].startswith("the mechanism helps (100.0 EM lost") and by["−RDRA"][6].endswith("fewer searches")
+
+
+def test_kept_beside_fresh_pairs_only_the_same_questions():
+    from kunlunlab.eval.compare import kept_beside_fresh
+
+    def rec(i, q, em, source="answer_tag"):
+        return {"id": i, "question": q, "em": em, "f1": em, "searches": 2, "answer_source": source}
+
+    kept = [rec("q0", "A?", 1.0), rec("q1", "B?", 0.0), rec("q2", "C?", 1.0), rec("q3", "D?", 1.0)]
+    # q0 and q1 are the kept questions; q2 has the kept id but another text (a world drawn anew): not shared
+    fresh = [rec("q0", "A?", 1.0), rec("q1", "B?", 1.0), rec("q2", "other?", 0.0)]
+    header, rows = kept_beside_fresh(kept, fresh, "kept", "now", n_resamples=500)
+    assert header[-1].startswith("Δ EM")
+    assert rows[0][:3] == ["kept", 4, 75.0] and rows[0][-1] == "–"
+    assert rows[1][:4] == ["now", 3, 66.7, 66.7]
+    # on the two shared questions: now 100, kept 50 -> +50.0, n=2
+    assert rows[1][-1].startswith("+50.0 [") and rows[1][-1].endswith("n=2")
+
+    _, rows = kept_beside_fresh(kept, [rec("x", "Z?", 1.0)], "kept", "now")
+    assert rows[1][-1] == "no shared question: not paired"
+    degenerate = [rec("q0", "A?", 1.0, "fallback"), rec("q1", "B?", 0.0, "fallback")]
+    _, rows = kept_beside_fresh(kept, degenerate, "kept", "now")
+    assert rows[1][-1] == "a collapsed side: not compared" and "collapsed" in str(rows[1][5])
