@@ -157,7 +157,9 @@ def recipe_differences(arms: list[Arm]) -> dict[str, dict[str, object]]:
 def budget_ledger(cfg: TrainConfig, trajectories: list | None, rollout_log: Path | None) -> dict:
     """What a run used of its budget: its SFT samples (trajectories, not plan samples: source, question, first
     turn only or whole), in training order; its RL rollout calls (the prompts TRL drew, the rollouts generated,
-    refills included); and the per-question limits its rollouts ran under."""
+    refills included, and the closed-book answers a retrieval curriculum's difficulty estimate generated, outside the
+    rollout budget: :mod:`kunlunlab.training.curriculum` says why); and the per-question limits its rollouts ran
+    under."""
     samples = [[t.source, t.question, t.partial] for t in trajectories or () if t.kind == "trajectory"]
     by_step = {}  # a step rolled out again after a resume: its last record counts
     if rollout_log is not None and rollout_log.is_file():
@@ -165,9 +167,11 @@ def budget_ledger(cfg: TrainConfig, trajectories: list | None, rollout_log: Path
             if line.strip():
                 row = json.loads(line)
                 by_step[row["step"]] = {"step": row["step"], "prompts": row.get("prompts"),
-                                        "generated": row.get("generated", row["rollouts"])}
+                                        "generated": row.get("generated", row["rollouts"]),
+                                        "difficulty_generated": row.get("difficulty_generated", 0)}
     calls = [by_step[step] for step in sorted(by_step)]
     return {"sft_samples": samples, "rl_calls": calls, "rl_generated": sum(c["generated"] for c in calls),
+            "rl_difficulty_generated": sum(c["difficulty_generated"] for c in calls),
             "limits": {"top_k": cfg.passages_per_search, "max_searches": cfg.search_limit(cfg.dapo.max_total_tokens),
                        "max_turn_tokens": cfg.dapo.max_turn_tokens, "max_total_tokens": cfg.dapo.max_total_tokens,
                        "max_rollouts": cfg.dapo.max_rollouts, "rollouts_per_call":

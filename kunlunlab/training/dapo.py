@@ -72,6 +72,7 @@ from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.answers import exact_match
 from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import DAPOStageConfig
+from kunlunlab.training.curriculum import Curriculum
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.progress import show_progress
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
@@ -115,6 +116,8 @@ class SearchRollout:
         self.log_path = Path(log_path) if log_path else None
         self.routes = routes or {}
         self.protocol = get_protocol(protocol)
+        # the protocol's retrieval curriculum (UR2's), or None: which questions are offered retrieval
+        self.curriculum = Curriculum.for_protocol(self.protocol, tokenizer, answers, rollout, dapo, rewards)
         self.calls = 0
         self.history: list[dict] = []
         self._remote = None
@@ -168,6 +171,8 @@ class SearchRollout:
 
     def _roll_with(self, search, backend, questions: list[str], seed: int) -> list[Trajectory]:
 
+        if self.curriculum is not None:  # questions not judged yet are, through this backend, before their rollouts
+            self.curriculum.prepare(backend, search, questions)
         cfg = replace(self.rollout, sampling=SamplingConfig(temperature=self.dapo.temperature, top_p=self.dapo.top_p,
                                                             seed=seed))
         backgrounds: dict[str, str | None] = {q: None for q in questions}
@@ -188,6 +193,8 @@ class SearchRollout:
     def _messages(self, question: str, background: str | None) -> list[dict]:
         if not self.protocol.peer:  # this project's protocol takes the run's system prompt; a peer's is its own
             return build_messages(question, background, self.system_prompt)
+        if self.curriculum is not None and not self.curriculum.offered(question):  # not offered retrieval
+            return self.curriculum.closed_messages(question, background)
         return self.protocol.messages(question, background)
 
     def _prefix(self) -> str:
@@ -216,7 +223,8 @@ class SearchRollout:
         completion TRL decodes (the assistant prefix is part of the prompt)."""
         completions = [self._completion(t) for t in trajs]
         columns = {"answers": [list(self.answers.get(q, [])) for q in questions], "finish": [t.finish for t in trajs],
-                   "parse": [asdict(r) for r in records], "trainer_state": getattr(trainer, "state", None)}
+                   "parse": [asdict(r) for r in records], "trainer_state": getattr(trainer, "state", None),
+                   **(self.curriculum.fields(questions) if self.curriculum is not None else {})}
         totals = [0.0] * len(trajs)
         for weight, function in zip(self.rewards.weights, reward_functions(self.rewards)):
             for i, value in enumerate(function([None] * len(trajs), completions, **columns)):
@@ -310,6 +318,8 @@ class SearchRollout:
         if self._generated_before is None:
             self._generated_before = self._logged_generated(trainer.state.global_step)
         drawn = gather_across(list(questions), processes)  # TRL's draw, every process's: the comparison's ledger
+        if self.curriculum is not None:  # this step's curriculum stage (the staged reward's)
+            self.curriculum.at_step(trainer)
         trajs = self._roll(backend, questions, seed)
         signals = self._signals(questions, trajs)
         flat_before = len(self._flat(groups, signals))
@@ -371,6 +381,8 @@ class SearchRollout:
             "stie_rounds": sum(len(t.rounds) for t in trajs) / len(trajs),
             "budget": _mean_or_none(budgets),
         }
+        if self.curriculum is not None:  # the share offered retrieval, the stage, the estimate's answers
+            stats.update(self.curriculum.call_stats(questions))
         if processes > 1:
             # Under accelerate every process rolls out its own groups; one record of the whole step is
             # written by the main process (both appending to one file interleaved two partial records)
@@ -386,7 +398,8 @@ class SearchRollout:
                 "completion_ids": completion_ids, "logprobs": logprobs, "env_mask": env_mask,
                 "parse": [asdict(r) for r in records],
                 "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets,
-                "facts": [self.facts.get(q) for q in questions], "finish": [t.finish for t in trajs]}
+                "facts": [self.facts.get(q) for q in questions], "finish": [t.finish for t in trajs],
+                **(self.curriculum.fields(questions) if self.curriculum is not None else {})}
 
 
 def vllm_server_url(args) -> str:
@@ -413,6 +426,7 @@ def gather_across(values: list, processes: int) -> list:
 
 _SUMMED = ("rollouts", "generated", "flat_groups_before", "refilled_groups", "refill_questions_tried",
            "filtered_groups", "flat_groups", "groups")
+_SUMMED += ("difficulty_generated",)  # the retrieval curriculum's closed-book answers (UR2's)
 
 
 def _merge_stats(parts: list[dict]) -> dict:

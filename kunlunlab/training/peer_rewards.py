@@ -42,14 +42,19 @@ def peer_reward_functions(name: str, **options) -> list:
     (a key of :data:`PEER_REWARDS`), with ``options`` passed on (e.g. ``**SEARCH_R1_FORMAT``, ``variant="llama"``).
     They read the dataset's ``answers`` column as ``training.rewards.reward_functions`` does; a protocol whose rewards
     read truncation (ReSearch's) also reads ``truncated`` (bools) or the rollout's ``finish`` (``"budget"``: the
-    token budget ran out)."""
+    token budget ran out); a protocol with a retrieval curriculum (UR2's) reads ``retrieval_offered`` (bools, the
+    rollout's column; absent: offered) as its rewards' ``offered``."""
     rewards = PEER_REWARDS
     if name not in rewards:
         raise ValueError(f"unknown peer reward {name!r}; known: {', '.join(sorted(rewards))}")
-    score, reads_truncation = rewards[name], reward_owner(name).rewards_read_truncation
+    owner = reward_owner(name)
+    score, reads_truncation = rewards[name], owner.rewards_read_truncation
 
-    def reward(prompts, completions, answers, truncated=None, finish=None, **kw):
+    def reward(prompts, completions, answers, truncated=None, finish=None, retrieval_offered=None, **kw):
         texts = [_text(c) for c in completions]
+        if owner.curriculum is not None:  # a curriculum's rewards read whether retrieval was offered (default: it was)
+            offered = retrieval_offered if retrieval_offered is not None else [True] * len(texts)
+            return [float(score(t, g, offered=bool(o), **options)) for t, g, o in zip(texts, answers, offered)]
         if not reads_truncation:
             return [float(score(t, g, **options)) for t, g in zip(texts, answers)]
         cut = truncated if truncated is not None else [f == "budget" for f in finish] if finish is not None \

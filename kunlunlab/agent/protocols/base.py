@@ -23,6 +23,52 @@ SEARCH_LIMIT_BEHAVIOURS = ("notice", "end")  # AgentProtocol.at_search_limit
 
 
 @dataclass(frozen=True)
+class RetrievalCurriculum:
+    """A recipe's difficulty-aware retrieval curriculum, as data (UR2's; the mechanism is
+    ``kunlunlab.training.curriculum``). Before a training question is first rolled out, the policy answers it
+    ``samples`` times under ``closed_messages`` (the prompt of a question not offered retrieval) with no search
+    allowed; its share of exact-match answers gives its level: the first of ``levels`` (name, least share, from the
+    easiest down; the last's least share is 0) whose least share it reaches. ``stages``: (name, level -> the
+    probability that a question of that level is offered retrieval), in order; a second stage starts at
+    ``rewards.stage1_share`` of the RL steps, with the staged reward's second reward. Each question draws one
+    uniform number once (seeded by the run seed and the question): it is offered retrieval in a stage where the
+    number is below its level's probability, and then gets the protocol's own prompt, else ``closed_messages``.
+    ``scope``: ``"drawn"`` (each question when TRL first draws it, by the policy of that call) or ``"pool"`` (every
+    training question at the first rollout call, by the SFT model)."""
+
+    closed_messages: Callable[[str, str | None], list[dict]] = field(compare=False)
+    samples: int
+    levels: tuple[tuple[str, float], ...]
+    stages: tuple[tuple[str, tuple[tuple[str, float], ...]], ...]
+    scope: str = "drawn"
+    source: str = ""
+
+    def __post_init__(self):
+        if self.samples < 1:
+            raise ValueError(f"a curriculum needs at least one sample per question, got {self.samples}")
+        shares = [share for _, share in self.levels]
+        if not self.levels or shares != sorted(shares, reverse=True) or shares[-1] != 0.0 or shares[0] > 1.0:
+            raise ValueError(f"curriculum levels go from the easiest down to a least share of 0: {self.levels}")
+        if not 1 <= len(self.stages) <= 2:
+            raise ValueError(f"a curriculum has one or two stages (the staged reward's), got {len(self.stages)}")
+        names = {name for name, _ in self.levels}
+        for stage, offer in self.stages:
+            if {level for level, _ in offer} != names or any(not 0.0 <= p <= 1.0 for _, p in offer):
+                raise ValueError(f"curriculum stage {stage!r} must give every level {sorted(names)} a probability "
+                                 f"in [0, 1], got {offer}")
+        if self.scope not in ("drawn", "pool"):
+            raise ValueError(f"curriculum scope must be 'drawn' or 'pool', got {self.scope!r}")
+
+    def level(self, correct_share: float) -> str:
+        """The level of a question answered right in ``correct_share`` of its samples."""
+        return next(name for name, least in self.levels if correct_share >= least)
+
+    def offer(self, stage: int, level: str) -> float:
+        """The probability that a question of ``level`` is offered retrieval in stage ``stage`` (0-based)."""
+        return dict(self.stages[stage][1])[level]
+
+
+@dataclass(frozen=True)
 class AgentProtocol:
     """``parse_turn(text)`` reads one turn (the first after ``assistant_prefix``); ``final_answer`` and ``format_ok``
     a whole completion (after the prompt, prefix excluded, documents included: the peers' reward "response").
@@ -71,6 +117,9 @@ class AgentProtocol:
     rewards: Mapping[str, Callable[..., float]] = field(default_factory=dict, hash=False)
     staged_rewards: Mapping[str, tuple[str, str]] = field(default_factory=dict, hash=False)
     rewards_read_truncation: bool = False
+    # which training questions are offered retrieval, by their difficulty (RetrievalCurriculum; the protocol's
+    # rewards then take ``offered``); None: every question gets the protocol's own prompt
+    curriculum: RetrievalCurriculum | None = None
 
     def __post_init__(self):
         if self.at_search_limit not in SEARCH_LIMIT_BEHAVIOURS:
