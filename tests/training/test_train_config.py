@@ -155,11 +155,15 @@ def test_a_reference_run_recorded_before_the_move_is_not_reported_as_different()
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_the_trainers_arguments_use_no_deprecated_names(tmp_path, checkpointing):
     """The executed notebooks carry no FutureWarning from the package's own calls: SFT, DAPO and DPO arguments
-    name activation checkpointing as transformers 5 does, and the value reaches the arguments."""
+    name activation checkpointing as the installed transformers does (``activation_checkpointing`` from 5.23,
+    ``gradient_checkpointing`` before: the lock's 5.22 and the GPU side's 5.17), and the value reaches the arguments."""
+    from kunlunlab.training.compat import checkpointing_args
+
+    (name,) = checkpointing_args(checkpointing)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         built = [sft_args(SFTStageConfig(), tmp_path / "sft", 0, gradient_checkpointing=checkpointing),
                  grpo_args(DAPOStageConfig(), RewardConfig(), tmp_path / "dapo", 0, gradient_checkpointing=checkpointing,
                            world_size=1),
                  dpo_args(DPOStageConfig(), tmp_path / "dpo", 0, gradient_checkpointing=checkpointing)]
-    assert [args.activation_checkpointing for args in built] == [checkpointing] * 3
+    assert [getattr(args, name) for args in built] == [checkpointing] * 3
