@@ -58,7 +58,7 @@ from datasets import Dataset
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
 from kunlunlab.agent.grounding import quote_grounding
@@ -73,6 +73,7 @@ from kunlunlab.data.answers import exact_match
 from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.curriculum import Curriculum
+from kunlunlab.training.exploration import Explorer, trainer_class
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.progress import show_progress
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
@@ -116,6 +117,7 @@ class SearchRollout:
         self.log_path = Path(log_path) if log_path else None
         self.routes = routes or {}
         self.protocol = get_protocol(protocol)
+        self.explorer = Explorer.for_protocol(self.protocol)  # the protocol's exploration (REX-RAG's), or None
         # the protocol's retrieval curriculum (UR2's), or None: which questions are offered retrieval
         self.curriculum = Curriculum.for_protocol(self.protocol, tokenizer, answers, rollout, dapo, rewards)
         self.calls = 0
@@ -322,12 +324,15 @@ class SearchRollout:
             self.curriculum.at_step(trainer)
         trajs = self._roll(backend, questions, seed)
         signals = self._signals(questions, trajs)
+        explored = None if self.explorer is None else self.explorer.explore(  # probes of dead-end groups, in place
+            self, backend, model, questions, trajs, signals, groups, seed, len(drawn), processes)
         flat_before = len(self._flat(groups, signals))
         refilled = tried = 0
         if self.dapo.dynamic_sampling:
             room = None
             if self.dapo.max_rollouts is not None:  # what the budget leaves after this call, per process
-                left = self.dapo.max_rollouts - self.generated() - len(drawn)
+                left = self.dapo.max_rollouts - self.generated() - len(drawn) - (explored.rolled * processes
+                                                                                 if explored else 0)
                 room = max(0, left // (groups_n * processes))
             refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(drawn),
                                            (rank, processes), room)
@@ -369,7 +374,8 @@ class SearchRollout:
             env_mask.append(mask)
         self.calls += 1
         stats = {
-            "step": trainer.state.global_step, "rollouts": len(trajs), "generated": len(trajs) + tried * groups_n,
+            "step": trainer.state.global_step, "rollouts": len(trajs), "generated": len(trajs) + tried * groups_n
+            + (explored.rolled if explored else 0),
             "reward": sum(rewards) / len(rewards), "accuracy": sum(accuracy) / len(accuracy),
             "searches": sum(t.n_searches for t in trajs) / len(trajs),
             "model_tokens": sum(t.model_tokens for t in trajs) / len(trajs),
@@ -379,7 +385,7 @@ class SearchRollout:
             "filtered_groups": len(filtered) // groups_n if filtered else 0,
             "flat_groups": len(flat), "groups": len(groups), "seconds": time.perf_counter() - start,
             "stie_rounds": sum(len(t.rounds) for t in trajs) / len(trajs),
-            "budget": _mean_or_none(budgets),
+            "budget": _mean_or_none(budgets), **(explored.stats if explored else {}),
         }
         if self.curriculum is not None:  # the share offered retrieval, the stage, the estimate's answers
             stats.update(self.curriculum.call_stats(questions))
@@ -399,7 +405,8 @@ class SearchRollout:
                 "parse": [asdict(r) for r in records],
                 "answers": [list(self.answers.get(q, [])) for q in questions], "budget": budgets,
                 "facts": [self.facts.get(q) for q in questions], "finish": [t.finish for t in trajs],
-                **(self.curriculum.fields(questions) if self.curriculum is not None else {})}
+                **(self.curriculum.fields(questions) if self.curriculum is not None else {}),
+                **(explored.fields([len(ids) for ids in completion_ids]) if explored else {})}
 
 
 def vllm_server_url(args) -> str:
@@ -425,7 +432,8 @@ def gather_across(values: list, processes: int) -> list:
 
 
 _SUMMED = ("rollouts", "generated", "flat_groups_before", "refilled_groups", "refill_questions_tried",
-           "filtered_groups", "flat_groups", "groups")
+           "filtered_groups", "flat_groups", "groups", "dead_end_groups", "probe_groups", "probes_rolled",
+           "probes_kept")
 _SUMMED += ("difficulty_generated",)  # the retrieval curriculum's closed-book answers (UR2's)
 
 
@@ -524,7 +532,7 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
             raise ValueError(f"dapo.max_rollouts={cfg.max_rollouts} pays for no rollout call of "
                              f"{cfg.prompts_per_step} x {cfg.num_generations}")
         callbacks = [*(callbacks or []), RolloutBudgetStop(rollout_func, cfg)]
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
+    trainer = trainer_class(rollout_func)(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
                           args=grpo_args(cfg, rewards, output_dir, seed, reward_weights=None if reward_funcs is None
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout_func, callbacks=callbacks,

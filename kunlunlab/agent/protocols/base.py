@@ -23,6 +23,34 @@ SEARCH_LIMIT_BEHAVIOURS = ("notice", "end")  # AgentProtocol.at_search_limit
 
 
 @dataclass(frozen=True)
+class ExplorationSpec:
+    """A recipe's exploration of dead ends during RL, as data (REX-RAG's mixed sampling with policy correction;
+    the mechanism is ``kunlunlab.training.exploration``). After a rollout call is scored, a group whose every
+    sample is wrong is a dead end; each of its samples that ended in an answer is probed with probability
+    ``probe_share``: its last turn is cut where ``cut_pattern`` first matches (the match removed), one of
+    ``prompts`` (uniformly drawn) is appended as model text and the rollout continues with the same backend. The
+    probes kept per call are a share of the batch, an exponential moving average of the probes' accuracy
+    (``keep_ratio_start``, smoothing ``keep_ratio_smoothing``), the ones whose prompt the policy finds likeliest
+    first. A kept probe replaces the sample it was cut from, and every token's old log-prob in the loss becomes
+    the mixture's, log((1 - a) pi_old + a mu) (a: the probes' share of the batch, mu: the probe policy)."""
+
+    prompts: tuple[str, ...]
+    cut_pattern: str
+    probe_share: float
+    keep_ratio_start: float
+    keep_ratio_smoothing: float
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.prompts or any(not p for p in self.prompts):
+            raise ValueError("an exploration spec needs its prompts (none empty)")
+        re.compile(self.cut_pattern)
+        for name in ("probe_share", "keep_ratio_start", "keep_ratio_smoothing"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"exploration {name} must be in [0, 1], got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class RetrievalCurriculum:
     """A recipe's difficulty-aware retrieval curriculum, as data (UR2's; the mechanism is
     ``kunlunlab.training.curriculum``). Before a training question is first rolled out, the policy answers it
@@ -90,7 +118,8 @@ class AgentProtocol:
     are). ``rewards``: reward kind -> ``f(completion, golds, **options) -> float``, the protocol's own rewards
     (``rewards.kind``); ``staged_rewards``: kind -> (first, second), the first for the first ``rewards.stage1_share``
     of the RL steps, then the second; ``rewards_read_truncation``: its rewards take ``truncated`` (the response ran
-    out of tokens: no EOS)."""
+    out of tokens: no EOS). ``exploration``: how the recipe probes dead-end groups during RL
+    (:class:`ExplorationSpec`); None: no exploration, every rollout is the policy's own."""
 
     name: str
     source: str
@@ -120,6 +149,7 @@ class AgentProtocol:
     # which training questions are offered retrieval, by their difficulty (RetrievalCurriculum; the protocol's
     # rewards then take ``offered``); None: every question gets the protocol's own prompt
     curriculum: RetrievalCurriculum | None = None
+    exploration: ExplorationSpec | None = None  # how RL probes dead-end groups (REX-RAG's); None: no exploration
 
     def __post_init__(self):
         if self.at_search_limit not in SEARCH_LIMIT_BEHAVIOURS:
