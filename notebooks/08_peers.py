@@ -7,7 +7,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Table 2 against the peers: Search-R1, ReSearch and R1-Searcher retrained under one enforced budget
+# # 08 · Table 2 against the peers: Search-R1, ReSearch, R1-Searcher, REX-RAG and UR2 retrained under one enforced budget
 #
 # **What this notebook shows.** The paper's Table 2 sets KunLunBaizeRAG against trained search agents and prompt
 # baselines, each on its own backbone. Here every trained recipe is an arm of one **comparison**
@@ -22,6 +22,8 @@
 # | `search_r1` | Search-R1's `<search>`/`<information>`/`<answer>` | exact match | GRPO (its PPO + critic has no TRL counterpart for multi-turn rollouts) | `peers/search_r1.json` |
 # | `research` | ReSearch's `<search>`/`<result>`, `\boxed{}` in `<answer>` | F1 with a format check | GRPO | `peers/research.json` |
 # | `r1_searcher` | R1-Searcher's `<\|begin_of_query\|>` … `<\|end_of_documents\|>` | stage 1 (retrieval + format), then stage 2 (F1 + format) | GRPO with batch-normalised advantages (its REINFORCE++-baseline) | `peers/r1_searcher.json` |
+# | `rex_rag` | Search-R1's, plus REX-RAG's exploratory prompts inserted where an all-wrong group answered | exact match | GRPO whose old log-probabilities are the mixture of policy and probe distribution (its policy correction); probes count as rollouts | `peers/rex_rag.json` |
+# | `ur2` | R1-Searcher's tags, UR2's prompt; retrieval offered per question by its difficulty curriculum | stage 1 (retrieval behaviour + format), then stage 2 (F1 + format) | GRPO with batch-normalised advantages (its REINFORCE++-baseline) | `peers/ur2.json` |
 #
 # The harness holds the arms to the budget: every arm of a seed trains on the same SFT samples (rendered in its own
 # protocol, `kunlunlab/training/peer_data.py`; a named departure: a 135M model never closes a peer's tags untrained),
@@ -34,8 +36,9 @@
 # %% tags=["parameters"]
 # Parameters (papermill overrides these)
 comparison = "notebook08"  # experiments/configs/comparisons/<name>.json (or a path): the arms, recipes and one budget
-arms = ["kunlun", "search_r1", "research", "r1_searcher"]   # its arms to run (None: all; kunlun_grpo, the kunlun
-                          # recipe under GRPO from kunlun's SFT checkpoint, is off at make run's size to keep its hour)
+arms = ["kunlun", "search_r1", "research", "r1_searcher", "rex_rag", "ur2"]  # its arms to run (None: all;
+                          # kunlun_grpo, the kunlun recipe under GRPO from kunlun's SFT checkpoint, is off at make
+                          # run's size to keep its hour)
 seeds = None              # its seeds to run (None: the file's)
 budget = {}               # changes to the comparison's budget, every arm's alike (e.g. {"eval.world_questions": 20})
 base_model = None         # the model every arm starts from and the baselines run on (hub id or path); None: the
@@ -61,7 +64,7 @@ from kunlunlab.paths import PROJECT_ROOT, notebook_run_dir, read_jsonl
 from kunlunlab.training.comparison import load_comparison
 from kunlunlab.training.evaluation import evaluate_baselines
 from kunlunlab.training.pipeline import SMOKE_OVERRIDES, run_config
-from kunlunlab.training.records import heldout_records, training_logs
+from kunlunlab.training.records import heldout_records, recipe_mechanisms, training_logs
 from kunlunlab.training.reruns import comparison_smoke_overrides, run_comparison
 from kunlunlab.viz import clip_ratio_figure, save_figure, table_html
 
@@ -179,10 +182,25 @@ fig = clip_ratio_figure(clip)
 save_figure(fig, run_dir, "clip_ratio")
 fig
 
+# %% [markdown]
+# ## What REX-RAG's and UR2's own mechanisms did
+#
+# REX-RAG probes only where a group's trajectories all ended in a wrong answer (a dead end): per RL step, the share of
+# groups that triggered probing, the probes kept and the mean importance weight its policy correction gave the loss's
+# tokens (1.0: no correction). UR2 offers retrieval by question difficulty: per curriculum stage, the share of its RL
+# trajectories that were offered retrieval (`kunlunlab/training/records.py::recipe_mechanisms` reads both from each
+# run's rollout log), and the closed-book answers its difficulty estimate generated (listed in the ledger, not charged
+# to the rollouts).
+
+# %%
+mechanisms = {run.name: seen for run in runs if (seen := recipe_mechanisms(run_dir / run.name))}
+for name, seen in mechanisms.items():
+    print(name, seen)
+
 # %%
 metrics = {"comparison": study.name, "budget": study.budget, "arms": arms, "baselines": baselines,
            "tables": tables, "fairness_problems": problems, "overridden": result["overridden"],
-           "sft_from": result["sft_from"], "numbers": numbers,
+           "sft_from": result["sft_from"], "numbers": numbers, "mechanisms": mechanisms,
            "baselines_em": {m: round(100 * sum(r["em"] for r in per_method[m]) / len(per_method[m]), 1)
                             for m in baselines}}
 (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))

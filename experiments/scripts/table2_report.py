@@ -2,9 +2,9 @@
 ``experiments/configs/comparisons/<comparison>.json`` after SFT and after RL over its seeds
 (``<runs>/<comparison>.<arm>.s<seed>/eval_{sft,after}_{world,hotpot}.jsonl``), with RL's own effect and each arm
 against kunlun paired over (seed, question), the answer-tag share (a collapsed row is compared with nothing), the
-cost columns, the fairness check of the arms' ledgers, and the clip ratios of every RL step; then the prompt
-baselines on the untrained backbone, where ``<runs>/<comparison>.suite/records`` holds them
-(experiments/scripts/table2_baselines.py). Prints the tables as markdown, then one JSON line.
+cost columns, the fairness check of the arms' ledgers, the clip ratios of every RL step and what REX-RAG's probing
+and UR2's curriculum did; then the prompt baselines on the untrained backbone, where
+``<runs>/<comparison>.suite/records`` holds them (experiments/scripts/table2_baselines.py). Prints the tables as markdown, then one JSON line.
 
     python experiments/scripts/table2_report.py runs [table2]
 """
@@ -19,7 +19,7 @@ from kunlunlab.eval.compare import table2
 from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.runner import markdown_table
 from kunlunlab.training.comparison import check_ledgers, load_comparison, read_ledger
-from kunlunlab.training.records import training_logs
+from kunlunlab.training.records import recipe_mechanisms, training_logs
 
 FILES = {"world": "world", "hotpotqa_distractor": "hotpot"}  # dataset -> the records' file part
 STAGE_FILES = {"sft": "eval_sft_{}.jsonl", "rl": "eval_after_{}.jsonl"}
@@ -70,6 +70,12 @@ def main(argv: list[str]) -> int:
         clip[run.name] = [{k: row.get(k) for k in ("step", "clip_ratio/high_mean", "clip_ratio/low_mean",
                                                    "clip_ratio/region_mean")} for row in steps]
     out["clip_ratio"] = clip
+    mechanisms = {run.name: seen for run in runs if (seen := recipe_mechanisms(root / run.name))}
+    out["mechanisms"] = mechanisms
+    if mechanisms:
+        print("\n## The recipes' own mechanisms (REX-RAG's probing per RL step, UR2's retrieval offered per stage)\n")
+        for name, seen in mechanisms.items():
+            print(f"- {name}: {json.dumps(seen)}")
     suite = root / f"{comparison.name}.suite" / "records"
     reference = next((r for r in runs if r.arm == REFERENCE and r.seed == comparison.seeds[0]), None)
     if suite.is_dir() and reference is not None:

@@ -30,7 +30,6 @@ beside the rollouts, so a table can state them as a cost.
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import replace
@@ -41,6 +40,7 @@ from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
 from kunlunlab.agent.protocols.base import AgentProtocol, RetrievalCurriculum
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.data.answers import exact_match
+from kunlunlab.paths import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +146,9 @@ class Curriculum:
 
 def offer_shares(rollout_log: str | Path) -> dict[int, float]:
     """Per curriculum stage, the share of the RL trajectories offered retrieval, from a run's ``dapo_rollouts.jsonl``
-    (each call weighted by its rollouts; a step rolled out again after a resume: its last record)."""
-    rows = {}
-    for line in Path(rollout_log).read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if "curriculum_stage" in row:
-                rows[row["step"]] = row
+    (each call weighted by its rollouts; a step rolled out again after a resume: its last record; a kept record's
+    ``.jsonl.gz`` read alike)."""
+    rows = {row["step"]: row for row in read_jsonl(rollout_log) if "curriculum_stage" in row}
     totals: dict[int, list[float]] = {}
     for row in rows.values():
         t = totals.setdefault(int(round(row["curriculum_stage"])), [0.0, 0.0])

@@ -9,6 +9,7 @@ from pathlib import Path
 from kunlunlab.eval.compare import ablation_table
 from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.training.config import TrainConfig
+from kunlunlab.training.curriculum import offer_shares
 
 
 def write_log(path: Path, history: list[dict]) -> None:
@@ -112,4 +113,24 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     return out
 
 
-__all__ = ["HELDOUT_FILES", "build_summary", "compare_runs", "heldout_records", "training_logs", "write_log"]
+PROBE_FIELDS = ("step", "dead_end_groups", "probe_group_share", "probes_kept", "importance_weight_mean")
+
+
+def recipe_mechanisms(run_dir: str | Path) -> dict:
+    """What a recipe's own RL mechanism did, from a run's rollout log (issue 52's per-step figures): REX-RAG's
+    probing per RL step (``probes``: dead-end groups, the share of groups that triggered probing, probes kept, the
+    mean importance weight of the policy correction), UR2's retrieval curriculum (``offered_by_stage``: the share of
+    RL trajectories offered retrieval per stage, and the closed-book answers its difficulty estimate generated).
+    Empty for a recipe with neither."""
+    rows = training_logs(run_dir)["rollouts"]
+    out: dict = {}
+    if any("probe_group_share" in r for r in rows):
+        out["probes"] = [{k: r.get(k) for k in PROBE_FIELDS} for r in rows]
+    if any("curriculum_stage" in r for r in rows):
+        out["offered_by_stage"] = offer_shares(jsonl_path(Path(run_dir) / "dapo_rollouts.jsonl"))
+        out["difficulty_generated"] = sum(r.get("difficulty_generated", 0) for r in rows)
+    return out
+
+
+__all__ = ["HELDOUT_FILES", "build_summary", "compare_runs", "heldout_records", "recipe_mechanisms", "training_logs",
+           "write_log"]

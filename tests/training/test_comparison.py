@@ -31,8 +31,8 @@ def _write(tmp_path, budget=None, arms=None, drop=()):
 def test_every_arm_of_table2_runs_the_one_budget_and_differs_only_in_its_recipe():
     stated = json.load(open(TABLE2))["budget"]
     runs = load_comparison("table2").runs()
-    assert {r.arm for r in runs} == {"kunlun", "kunlun_grpo", "search_r1", "research", "r1_searcher"}
-    assert sorted({r.seed for r in runs}) == [0, 1, 2] and len(runs) == 15
+    assert {r.arm for r in runs} == {"kunlun", "kunlun_grpo", "search_r1", "research", "r1_searcher", "rex_rag", "ur2"}
+    assert sorted({r.seed for r in runs}) == [0, 1, 2] and len(runs) == 21
     for run in runs:
         values = leaf_values(run.config.to_dict())
         assert {k: values[k] for k in stated} == stated, run.name  # the file's values, whatever the recipe said
@@ -41,6 +41,8 @@ def test_every_arm_of_table2_runs_the_one_budget_and_differs_only_in_its_recipe(
     assert {"agent.method", "rewards.kind", "dapo.loss_type"} <= set(differences)
     assert not set(differences) & set(BUDGET_KEYS)
     assert differences["agent.method"]["search_r1"] == "search_r1" and differences["dapo.loss_type"]["kunlun"] == "dapo"
+    # REX-RAG's and UR2's arms are their own recipes (its protocol and reward), under the same budget
+    assert differences["agent.method"]["rex_rag"] == "rex_rag" and differences["rewards.kind"]["ur2"] == "ur2"
     # a recipe value the budget replaces is named, not silent: make run's recipe trains one DAPO step
     kunlun = next(r for r in runs if r.arm == "kunlun")
     assert "dapo.steps: 1 -> 8" in kunlun.overridden
