@@ -196,10 +196,11 @@ if kept:
         print(label)
         display(HTML(table_html(header, rows)))
     kept_values, now_values = leaf_values(kept_cfg), leaf_values(cfg.to_dict())
-    # fields added since the kept run are left out (it ran their defaults' predecessors); lists and tuples alike
+    # fields added since the kept run are left out (it ran their defaults' predecessors); lists and tuples, False
+    # and 0.0 alike
     print("the kept run's config (kept -> this run), where they differ:",
-          {k: (kept_values[k], v) for k, v in now_values.items()
-           if k in kept_values and json.dumps(kept_values[k]) != json.dumps(v) and k != "device"})
+          {k: (kept_values[k], v) for k, v in now_values.items() if k in kept_values and k != "device"
+           and kept_values[k] != v and json.dumps(kept_values[k]) != json.dumps(v)})
 
 # %% [markdown]
 # ## The two answer modes
