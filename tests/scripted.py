@@ -9,6 +9,20 @@ from kunlunlab.agent.backends import Segment, text_ids
 from kunlunlab.retrieval.retriever import Hit
 
 
+class PassiveSession:
+    """The session methods a scripted backend needs no state for: the environment tokens appended after a turn, rows
+    released, answer blocks (none applied). A test's ``Session`` subclasses it and writes only ``generate``."""
+
+    def append(self, tokens):
+        pass
+
+    def release(self, rows):
+        pass
+
+    def block_answers(self, blocks):
+        return False
+
+
 class ScriptedBackend:
     """Each row replays its scripted turns. A turn is a text (every token gets log-prob -0.5) or a
     ``(text, confidence)`` pair (every token gets log-prob ln(confidence), so the engine's round confidence,

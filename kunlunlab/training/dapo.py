@@ -433,8 +433,7 @@ def gather_across(values: list, processes: int) -> list:
 
 _SUMMED = ("rollouts", "generated", "flat_groups_before", "refilled_groups", "refill_questions_tried",
            "filtered_groups", "flat_groups", "groups", "dead_end_groups", "probe_groups", "probes_rolled",
-           "probes_kept")
-_SUMMED += ("difficulty_generated",)  # the retrieval curriculum's closed-book answers (UR2's)
+           "probes_kept", "difficulty_generated")  # the last: a retrieval curriculum's closed-book answers (UR2's)
 
 
 def _merge_stats(parts: list[dict]) -> dict:

@@ -31,6 +31,7 @@ from kunlunlab.retrieval import IndexConfig, build_retriever
 from kunlunlab.http.client import free_port
 from kunlunlab.http.server import ServerThread
 from kunlunlab.retrieval.service import create_app
+from scripted import PassiveSession
 
 N, BATCH = 8, 2  # 8 world questions in batches of 2
 
@@ -90,7 +91,7 @@ class Answering:
     def open(self, prompts, sampling=None):
         outer = self
 
-        class Session:
+        class Session(PassiveSession):
             def generate(self, rows, max_new_tokens, stop=()):
                 rows = list(rows)
                 questions = [question_in(outer.tokenizer.decode(prompts[r]), outer.replies) for r in rows]
@@ -104,15 +105,6 @@ class Answering:
                     ids = text_ids(outer.tokenizer, text)
                     out[r] = Segment(ids, [-0.1] * len(ids), text, "eos")
                 return out
-
-            def append(self, tokens):
-                pass
-
-            def release(self, rows):
-                pass
-
-            def block_answers(self, blocks):
-                return False
 
         return Session()
 

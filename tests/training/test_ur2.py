@@ -25,7 +25,7 @@ from kunlunlab.training.config import DAPOStageConfig, load_config
 from kunlunlab.training.curriculum import Curriculum, offer_shares
 from kunlunlab.training.dapo import SearchRollout
 from kunlunlab.training.rewards import RewardConfig, reward_functions
-from scripted import CountingSearch, ScriptedBackend
+from scripted import CountingSearch, PassiveSession, ScriptedBackend
 
 GOLD = "Ann Vale"
 # question -> how many of its 4 closed-book answers are right: easy, medium, hard, very hard by the recipe's rule
@@ -55,7 +55,7 @@ class OracleBackend:
         outer.prompts += texts
         turns = {r: 0 for r in range(len(prompts))}
 
-        class Session:
+        class Session(PassiveSession):
             def generate(self, rows, max_new_tokens, stop=()):
                 out = {}
                 for r in rows:
@@ -73,15 +73,6 @@ class OracleBackend:
                     ids = text_ids(outer.tokenizer, text)
                     out[r] = Segment(ids, [-0.5] * len(ids), outer.tokenizer.decode(ids), "stop")
                 return out
-
-            def append(self, tokens):
-                pass
-
-            def release(self, rows):
-                pass
-
-            def block_answers(self, blocks):
-                return False
 
         return Session()
 
