@@ -112,6 +112,13 @@ def _in_dtype(model, dtype: str):
     finally:
         for n, p in model.named_parameters():
             p.grad = grads[n]
+    # Trainers patch ``forward`` on the instance (accelerate's autocast wrapper, TRL's fused LM head), and TRL's
+    # patch keeps the original model's forward in a closure that deepcopy does not follow: the copy would run the
+    # float32 training weights under autocast (every linear layer casting its weight at every decode step: a DAPO
+    # step's rollouts took twice as long, docs/reference.md) and, after training, in float32. Generation needs none
+    # of them: the copy runs its class's forward.
+    for module in copied.modules():
+        module.__dict__.pop("forward", None)
     copied.to(target).requires_grad_(False).eval()
     return copied
 

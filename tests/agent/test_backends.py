@@ -144,3 +144,32 @@ def test_shared_prefix_keeps_one_own_token_per_prompt_and_skips_short_ones():
     assert _shared_prefix_length([long, long + [5]]) == 99  # the shorter prompt keeps its last token
     assert _shared_prefix_length([long[:31] + [1], long[:31] + [2]]) == 0  # under 32 tokens: not worth a call
     assert _shared_prefix_length([long + [1]]) == 0  # a single prompt
+
+
+def test_a_trainers_float32_policy_generates_in_its_bfloat16_copy_alone():
+    """GRPO's rollouts get the policy as the trainer left it: accelerate's autocast wrapper and TRL's fused LM head
+    patched onto its ``forward``, TRL's keeping the original forward in a closure. The bfloat16 copy the backend
+    makes must run its own weights: the float32 policy computes nothing during generation (when it did, every decode
+    step cast the float32 weights under autocast, twice as slow), and the copy's layers see bfloat16."""
+    import torch
+    from accelerate import Accelerator
+    from trl.trainer.utils import add_fused_lm_head
+
+    from kunlunlab.agent.transformers_backend import TransformersBackend
+    from kunlunlab.models import load_llm
+    from tiny_training import tiny_llama
+
+    tokenizer = load_llm()[1]
+    policy = Accelerator(mixed_precision="bf16", cpu=True).prepare_model(tiny_llama(tokenizer))
+    add_fused_lm_head(policy)
+    policy_calls, copy_dtypes = [], []
+    backend = TransformersBackend(model=policy, tokenizer=tokenizer, dtype="bfloat16")
+    policy.model.layers[0].register_forward_hook(lambda module, args, out: policy_calls.append(1))  # after the copy
+    backend.model.model.layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: copy_dtypes.append(args[0].dtype if args else kwargs["hidden_states"].dtype),
+        with_kwargs=True)
+    segments = generate_once(backend, [text_ids(tokenizer, "Question one\n")], 4, stop=())
+    assert len(segments[0].token_ids) == 4
+    assert policy_calls == []
+    assert copy_dtypes and set(copy_dtypes) == {torch.bfloat16}
+    assert next(policy.parameters()).dtype == torch.float32  # the policy itself is left as it was
