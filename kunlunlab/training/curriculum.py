@@ -33,14 +33,12 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import replace
-from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
 from kunlunlab.agent.protocols.base import AgentProtocol, RetrievalCurriculum
 from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
 from kunlunlab.data.answers import exact_match
-from kunlunlab.paths import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +142,13 @@ class Curriculum:
                 "difficulty_generated": self._generated_call}
 
 
-def offer_shares(rollout_log: str | Path) -> dict[int, float]:
-    """Per curriculum stage, the share of the RL trajectories offered retrieval, from a run's ``dapo_rollouts.jsonl``
-    (each call weighted by its rollouts; a step rolled out again after a resume: its last record; a kept record's
-    ``.jsonl.gz`` read alike)."""
-    rows = {row["step"]: row for row in read_jsonl(rollout_log) if "curriculum_stage" in row}
+def offer_shares(rows: Iterable[dict]) -> dict[int, float]:
+    """Per curriculum stage, the share of the RL trajectories offered retrieval, from the records of a run's
+    ``dapo_rollouts.jsonl`` (each call weighted by its rollouts; a step rolled out again after a resume: its last
+    record)."""
+    last = {row["step"]: row for row in rows if "curriculum_stage" in row}
     totals: dict[int, list[float]] = {}
-    for row in rows.values():
+    for row in last.values():
         t = totals.setdefault(int(round(row["curriculum_stage"])), [0.0, 0.0])
         t[0] += row["retrieval_offered"] * row["rollouts"]
         t[1] += row["rollouts"]

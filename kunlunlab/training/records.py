@@ -122,12 +122,14 @@ def recipe_mechanisms(run_dir: str | Path) -> dict:
     mean importance weight of the policy correction), UR2's retrieval curriculum (``offered_by_stage``: the share of
     RL trajectories offered retrieval per stage, and the closed-book answers its difficulty estimate generated).
     Empty for a recipe with neither."""
-    rows = training_logs(run_dir)["rollouts"]
+    path = jsonl_path(Path(run_dir) / "dapo_rollouts.jsonl")
+    # a step rolled out again after a resume is logged again: its last record counts
+    rows = list({r["step"]: r for r in read_jsonl(path)}.values()) if path.is_file() else []
     out: dict = {}
     if any("probe_group_share" in r for r in rows):
         out["probes"] = [{k: r.get(k) for k in PROBE_FIELDS} for r in rows]
     if any("curriculum_stage" in r for r in rows):
-        out["offered_by_stage"] = offer_shares(jsonl_path(Path(run_dir) / "dapo_rollouts.jsonl"))
+        out["offered_by_stage"] = offer_shares(rows)
         out["difficulty_generated"] = sum(r.get("difficulty_generated", 0) for r in rows)
     return out
 

@@ -201,7 +201,7 @@ def test_the_curriculum_advances_as_the_recipe_says(tokenizer, tmp_path):
     assert third["retrieval_offered"] == [False, False, True, True]
     assert rollout.history[-1]["curriculum_stage"] == 2 and rollout.history[-1]["difficulty_generated"] == 0
     assert rollout.curriculum.levels == {EASY: "easy", VERY_HARD: "very_hard"}  # judged once, at the first draw
-    assert offer_shares(rollout.log_path) == {1: 1.0, 2: 0.5}
+    assert offer_shares(read_jsonl(rollout.log_path)) == {1: 1.0, 2: 0.5}
     # the staged reward switches at the same step: stage 1 scores a closed-book answer offered retrieval -1
     (reward,) = reward_functions(RewardConfig(kind="ur2", overlong_shaping=False, stage1_share=0.5))
     closed = ["I recall it. \\boxed{Ann Vale}"]
