@@ -123,6 +123,44 @@ def _in_dtype(model, dtype: str):
     return copied
 
 
+GQA_ATTENTION = "kunlunlab_sdpa_gqa"  # the attention a CPU session's model runs (:func:`_grouped_query_attention`)
+
+
+def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
+              **kwargs):
+    """transformers' SDPA attention with the key/value heads left grouped (``enable_gqa``). Given a mask (the
+    session's ragged 4D mask, at every call), transformers repeats every layer's cached keys and values once per
+    query group before SDPA (CUDA's fused kernels need that); on a CPU that copy of the whole cache was half of an
+    evaluation's time (SmolLM2: 3 key/value heads for 9 query heads; at 40 rows and 1,500 cached tokens 44 ms a
+    layer against 2.9 ms grouped). The CPU kernel computes the same numbers either way (``tests/agent/
+    test_backends.py``)."""
+    import torch  # deferred, as in _in_dtype
+
+    causal = query.shape[2] > 1 and attention_mask is None and (
+        is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _grouped_query_attention(model) -> None:
+    """Switches ``model`` (one this backend owns) to :func:`_sdpa_gqa` where it helps: on a CPU, for a model with
+    fewer key/value heads than query heads that runs transformers' SDPA. Elsewhere the model is left as it is (on
+    CUDA, SDPA with a mask and grouped heads falls back to its slowest kernel)."""
+    from transformers import AttentionInterface  # deferred, as torch above
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if (next(model.parameters()).device.type != "cpu" or not heads or not kv_heads or kv_heads >= heads
+            or getattr(model.config, "_attn_implementation", None) != "sdpa"):
+        return
+    AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
+    AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)  # the masks transformers builds itself (generate)
+    model.set_attn_implementation(GQA_ATTENTION)
+
+
 class GenerationCancelled(RuntimeError):
     """``generate`` stopped because its ``cancel`` event was set (``serve-llm``: the client left, or the server is
     stopping); what the call generated is dropped and the session must not be used again."""
@@ -142,8 +180,12 @@ class TransformersBackend:
         if model is None or tokenizer is None:
             target = resolve_device(device or "cpu")
             model, tokenizer = load_llm(name, dtype=resolve_inference_dtype(dtype, target), device=target)
+            _grouped_query_attention(model)
         else:
+            given = model
             model = _in_dtype(model, resolve_inference_dtype(dtype, str(next(model.parameters()).device)))
+            if model is not given:  # the backend's own copy; a model handed over as it is stays untouched
+                _grouped_query_attention(model)
         self.model, self.tokenizer = model, tokenizer
         # transformers 5.x renamed forward's ``past_key_values`` to ``cache`` (the old name warns and goes in 5.40);
         # the GPU extra pins an older 5.x that vLLM supports, so the name is read from the model's signature

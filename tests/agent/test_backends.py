@@ -173,3 +173,38 @@ def test_a_trainers_float32_policy_generates_in_its_bfloat16_copy_alone():
     assert policy_calls == []
     assert copy_dtypes and set(copy_dtypes) == {torch.bfloat16}
     assert next(policy.parameters()).dtype == torch.float32  # the policy itself is left as it was
+
+
+def test_cpu_sessions_attend_with_grouped_heads_and_generate_what_transformers_sdpa_does(monkeypatch):
+    """A CPU backend's model runs SDPA with its key/value heads grouped (no copy of the cache per query group, which
+    was half of an evaluation's time) and generates, with appended blocks and rows of different lengths, the same
+    tokens and log-probs as transformers' own SDPA attention, which repeats the heads."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from kunlunlab.agent.transformers_backend import GQA_ATTENTION, TransformersBackend
+    from kunlunlab.models import load_llm
+    from tiny_training import tiny_llama
+
+    tokenizer = load_llm()[1]
+    policy = tiny_llama(tokenizer)  # 4 query heads, 2 key/value heads
+    grouped = TransformersBackend(model=policy, tokenizer=tokenizer, dtype="bfloat16")
+    repeated = TransformersBackend(model=policy, tokenizer=tokenizer, dtype="bfloat16")
+    repeated.model.set_attn_implementation("sdpa")
+    assert grouped.model.config._attn_implementation == GQA_ATTENTION
+    copies = []
+    real_repeat = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda states, n: copies.append(n) or real_repeat(states, n))
+    prompts = [text_ids(tokenizer, "Question one\n"), text_ids(tokenizer, "Another, much longer question two\n")]
+    block = text_ids(tokenizer, "\n<result>\n(1) Paris is the capital.\n</result>\n")
+    out = {}
+    for name, backend in (("grouped", grouped), ("repeated", repeated)):
+        copies.clear()
+        session = backend.open(prompts)
+        first = session.generate([0, 1], {0: 6, 1: 11}, stop=())
+        session.append({0: block})
+        second = session.generate([0, 1], {0: 8, 1: 8}, stop=())
+        out[name] = ([first[r].token_ids + second[r].token_ids for r in (0, 1)],
+                     [lp for r in (0, 1) for lp in first[r].logprobs + second[r].logprobs], len(copies))
+    assert out["grouped"][0] == out["repeated"][0]
+    assert out["grouped"][1] == pytest.approx(out["repeated"][1], abs=1e-6)
+    assert out["grouped"][2] == 0 and out["repeated"][2] > 0  # transformers' path copies the heads, ours does not
