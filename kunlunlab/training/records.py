@@ -104,13 +104,17 @@ def training_logs(run_dir: str | Path) -> dict[str, list[dict]]:
     """The logs notebook 04 plots: ``sft``, ``dapo`` (TRL log history) and ``rollouts`` (per rollout call)."""
     run_dir = Path(run_dir)
     out = {}
-    for key, name in (("sft", "sft_log.jsonl"), ("dapo", "dapo_log.jsonl"), ("rollouts", "dapo_rollouts.jsonl")):
+    for key, name in (("sft", "sft_log.jsonl"), ("dapo", "dapo_log.jsonl")):
         path = jsonl_path(run_dir / name)
-        rows = read_jsonl(path) if path.is_file() else []
-        if key == "rollouts":  # a resumed step is logged again: keep the last record of each step
-            rows = list({r["step"]: r for r in rows}.values())
-        out[key] = rows
+        out[key] = read_jsonl(path) if path.is_file() else []
+    out["rollouts"] = _rollout_records(run_dir)
     return out
+
+
+def _rollout_records(run_dir: Path) -> list[dict]:
+    """The run's rollout log, one record per rollout call: a resumed step is logged again, its last record kept."""
+    path = jsonl_path(run_dir / "dapo_rollouts.jsonl")
+    return list({r["step"]: r for r in read_jsonl(path)}.values()) if path.is_file() else []
 
 
 PROBE_FIELDS = ("step", "dead_end_groups", "probe_group_share", "probes_kept", "importance_weight_mean")
@@ -122,9 +126,7 @@ def recipe_mechanisms(run_dir: str | Path) -> dict:
     mean importance weight of the policy correction), UR2's retrieval curriculum (``offered_by_stage``: the share of
     RL trajectories offered retrieval per stage, and the closed-book answers its difficulty estimate generated).
     Empty for a recipe with neither."""
-    path = jsonl_path(Path(run_dir) / "dapo_rollouts.jsonl")
-    # a step rolled out again after a resume is logged again: its last record counts
-    rows = list({r["step"]: r for r in read_jsonl(path)}.values()) if path.is_file() else []
+    rows = _rollout_records(Path(run_dir))  # the rollout log alone, not the SFT and DAPO logs
     out: dict = {}
     if any("probe_group_share" in r for r in rows):
         out["probes"] = [{k: r.get(k) for k in PROBE_FIELDS} for r in rows]
