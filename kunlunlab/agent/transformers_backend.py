@@ -128,19 +128,31 @@ GQA_ATTENTION = "kunlunlab_sdpa_gqa"  # the attention a CPU session's model runs
 
 def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
               **kwargs):
-    """transformers' SDPA attention with the key/value heads left grouped (``enable_gqa``). Given a mask (the
-    session's ragged 4D mask, at every call), transformers repeats every layer's cached keys and values once per
-    query group before SDPA (CUDA's fused kernels need that); on a CPU that copy of the whole cache was half of an
-    evaluation's time (SmolLM2: 3 key/value heads for 9 query heads; at 40 rows and 1,500 cached tokens 44 ms a
-    layer against 2.9 ms grouped). The CPU kernel computes the same numbers either way (``tests/agent/
+    """transformers' SDPA attention with the key/value heads left grouped. Given a mask (the session's ragged 4D
+    mask, at every call), transformers repeats every layer's cached keys and values once per query group before
+    SDPA (CUDA's fused kernels need that); on a CPU that copy of the whole cache was half of an evaluation's time
+    (SmolLM2: 3 key/value heads for 9 query heads; at 40 rows and 1,500 cached tokens 44 ms a layer against 2.9 ms
+    grouped). With a mask the query groups of a key/value head are folded into the query-length axis (query
+    ``(b, kv_heads * groups, q, d)`` viewed as ``(b, kv_heads, groups * q, d)``, the mask repeated per group), so
+    SDPA sees one query head per key/value head and runs its fused CPU kernel: ``enable_gqa`` with a mask falls back
+    to the math kernel, 6x slower at a decode step (8 rows, 700 cached tokens: 3.19 ms a layer against 0.51 ms,
+    2-core EPYC; docs/reference.md). The CPU kernels compute the same numbers either way (``tests/agent/
     test_backends.py``)."""
     import torch  # deferred, as in _in_dtype
 
-    causal = query.shape[2] > 1 and attention_mask is None and (
+    groups = getattr(module, "num_key_value_groups", 1)
+    batch, heads, q_len, dim = query.shape
+    if groups > 1 and attention_mask is not None and attention_mask.shape[1] == 1:
+        mask = attention_mask if q_len == 1 else attention_mask.expand(-1, -1, q_len, -1).repeat(1, 1, groups, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.reshape(batch, heads // groups, groups * q_len, dim), key, value, attn_mask=mask, dropout_p=dropout,
+            scale=scaling).view(batch, heads, q_len, dim)
+        return out.transpose(1, 2).contiguous(), None
+    causal = q_len > 1 and attention_mask is None and (
         is_causal if is_causal is not None else getattr(module, "is_causal", True))
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
-        enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
+        enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -93,6 +93,7 @@ def bench_agent_loop(cfg: AgentLoopBenchConfig) -> dict:
 class DapoStepBenchConfig:
     sft_run: str = ""            # a `kunlunlab train` run folder whose SFT stage finished
     steps: int = 2               # DAPO steps timed (the recipe's own sizes otherwise)
+    overrides: str = ""          # TrainConfig changes after the recipe's, space-separated (e.g. "dapo.refill_ahead=true")
 
 
 def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
@@ -105,7 +106,7 @@ def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
                          "train_config.json)")
     config = load_config(source / "train_config.json",
                          [f"model={source / 'sft' / 'final'}", "sft.enabled=false", f"dapo.steps={cfg.steps}",
-                          f"dapo.save_steps={cfg.steps}", "eval.before=false"])
+                          f"dapo.save_steps={cfg.steps}", "eval.before=false", *cfg.overrides.split()])
     with tempfile.TemporaryDirectory() as tmp:
         run = TrainingRun(config, Path(tmp) / "run")
         start = time.perf_counter()
@@ -117,4 +118,6 @@ def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
             "rollout_s_per_step": round(rollout_s / cfg.steps, 1),
             "update_and_overhead_s_per_step": round((total - rollout_s) / cfg.steps, 1),
             "seconds_per_step": round(total / cfg.steps, 1),
+            "rollouts_generated_per_step": round(sum(r.get("generated", r["rollouts"]) for r in rollouts) / cfg.steps, 1),
+            "overrides": cfg.overrides,
             "inference_dtype": config.inference_dtype}
