@@ -49,7 +49,7 @@ dpo_learning_rate = 5e-6  # ReasonRAG's DPO stage
 budget_weight = 0.5       # FrugalRAG: w_budget, the weight of the search-budget term in the DAPO reward
 budget_extra = "past_stop"  # which searches the budget term charges: "past_stop" (FrugalRAG's) or "redundant"
 flat_includes_budget = False  # DAPO + budget: a group of equal accuracy but unequal budget scores stays in the loss
-dapo_steps = 1            # DAPO + budget's optimizer steps (as notebook 04's DAPO at make run's size, see the README)
+dapo_steps = None         # DAPO + budget's optimizer steps; None: the config's dapo.steps, as notebook 04's DAPO
 dapo_learning_rate = None   # None: the config's (dapo.learning_rate); set, it applies to both DAPO variants
 sft_overrides = {}        # without ref_run: config overrides of the SFT trained here, shared by every variant
 variant_hotpot = False    # also evaluate the variants on the held-out HotpotQA questions (about 2 min more each)
@@ -74,6 +74,8 @@ from kunlunlab.viz import (dapo_runs_figure, pair_stats, pair_stats_figure, pair
 
 if smoke:
     prl_questions, mcts_iterations, children_per_node, dapo_steps = 2, 2, 2, 1
+if dapo_steps is None:
+    dapo_steps = run_config(config, {}, smoke=smoke).dapo.steps
 if ref_run and (sft_overrides or dapo_learning_rate is not None):
     raise ValueError("sft_overrides and dapo_learning_rate shape the SFT and DAPO trained here: pass them without "
                      "ref_run (whose SFT and DAPO are fixed)")
