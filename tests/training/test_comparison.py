@@ -43,9 +43,9 @@ def test_every_arm_of_table2_runs_the_one_budget_and_differs_only_in_its_recipe(
     assert differences["agent.method"]["search_r1"] == "search_r1" and differences["dapo.loss_type"]["kunlun"] == "dapo"
     # REX-RAG's and UR2's arms are their own recipes (its protocol and reward), under the same budget
     assert differences["agent.method"]["rex_rag"] == "rex_rag" and differences["rewards.kind"]["ur2"] == "ur2"
-    # a recipe value the budget replaces is named, not silent: make run's recipe trains one DAPO step
+    # a recipe value the budget replaces is named, not silent: make run's recipe evaluates 50 world questions
     kunlun = next(r for r in runs if r.arm == "kunlun")
-    assert "dapo.steps: 1 -> 8" in kunlun.overridden
+    assert "eval.world_questions: 50 -> 200" in kunlun.overridden
 
 
 def test_a_comparison_that_leaves_a_budget_key_to_the_recipes_is_refused(tmp_path):

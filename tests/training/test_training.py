@@ -47,6 +47,12 @@ def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, question
             output.register_hook(lambda g: grads.append(g.detach().clone()))
 
     model.model.norm.register_forward_hook(keep_grad)
+    batch_ids = []  # the token ids of every forward: TRL shuffles a generation's rows before its updates
+
+    def keep_ids(module, inputs, output):
+        batch_ids.append(inputs[0].detach().clone())
+
+    model.model.embed_tokens.register_forward_hook(keep_ids)
     cfg = DAPOStageConfig(steps=1, prompts_per_step=1, num_generations=2, dynamic_sampling=False, save_steps=100,
                           learning_rate=1e-5)
     # The untrained model searches when its reply opens with a search; the engine then appends real results.
@@ -75,13 +81,18 @@ def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, question
     assert len(grads) == 1
     grad = grads[0]  # d loss / d final hidden state, (batch, prompt width + completion width, hidden)
     width = max(len(p) for p in prompt_ids)
+    forward_ids = [r.tolist() for r in batch_ids[-1]]
     for row, (ids, mask) in enumerate(zip(completion_ids, env_mask)):
+        # the trainer's row of this rollout (TRL shuffles the rows of a generation batch before its updates)
+        matches = [b for b, fwd in enumerate(forward_ids) if fwd[width:width + len(ids)] == list(ids)]
+        assert matches, f"rollout row {row} is not in the trainer's batch"
+        at = matches[0]
         for j, m in enumerate(mask):
-            g = grad[row, width + j - 1]  # the hidden state that predicts completion token j
+            g = grad[at, width + j - 1]  # the hidden state that predicts completion token j
             if m == 0:
                 assert torch.count_nonzero(g) == 0, f"retrieved token {j} of row {row} got a gradient"
         model_positions = [width + j - 1 for j, m in enumerate(mask) if m == 1]
-        assert torch.count_nonzero(grad[row, model_positions]) > 0, "model tokens must get a gradient"
+        assert torch.count_nonzero(grad[at, model_positions]) > 0, "model tokens must get a gradient"
     changed = sum(not torch.equal(before[n], p) for n, p in model.named_parameters() if n in before)
     assert changed > 0, "the optimizer step must move the weights"
 
