@@ -134,10 +134,10 @@ def _sdpa_gqa(module, query, key, value, attention_mask, dropout: float = 0.0, s
     (SmolLM2: 3 key/value heads for 9 query heads; at 40 rows and 1,500 cached tokens 44 ms a layer against 2.9 ms
     grouped). With a mask the query groups of a key/value head are folded into the query-length axis (query
     ``(b, kv_heads * groups, q, d)`` viewed as ``(b, kv_heads, groups * q, d)``, the mask repeated per group), so
-    SDPA sees one query head per key/value head and runs its fused CPU kernel: ``enable_gqa`` with a mask falls back
-    to the math kernel, 6x slower at a decode step (8 rows, 700 cached tokens: 3.19 ms a layer against 0.51 ms,
-    2-core EPYC; docs/reference.md). The CPU kernels compute the same numbers either way (``tests/agent/
-    test_backends.py``)."""
+    SDPA sees one query head per key/value head: the same CPU flash kernel as with ``enable_gqa`` (torch.profiler),
+    which then multiplies each key/value head's cache with its query heads at once instead of with one query head
+    at a time; 6x faster at a decode step (8 rows, 700 cached tokens: 3.19 ms a layer against 0.51 ms, 2-core
+    EPYC; docs/reference.md). The same numbers either way (``tests/agent/test_backends.py``)."""
     import torch  # deferred, as in _in_dtype
 
     groups = getattr(module, "num_key_value_groups", 1)

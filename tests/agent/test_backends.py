@@ -205,7 +205,7 @@ def test_cpu_sessions_attend_with_grouped_heads_and_generate_what_transformers_s
     copies = []
     real_repeat = sdpa.repeat_kv
     monkeypatch.setattr(sdpa, "repeat_kv", lambda states, n: copies.append(n) or real_repeat(states, n))
-    slow_calls = []  # a mask with enable_gqa: SDPA's math kernel on a CPU (6x slower at a decode step)
+    slow_calls = []  # a mask with enable_gqa: one query head at a time over the cache (6x slower at a decode step)
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def recording_sdpa(*args, **kwargs):
