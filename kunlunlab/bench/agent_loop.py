@@ -93,7 +93,7 @@ def bench_agent_loop(cfg: AgentLoopBenchConfig) -> dict:
 class DapoStepBenchConfig:
     sft_run: str = ""            # a `kunlunlab train` run folder whose SFT stage finished
     steps: int = 2               # DAPO steps timed (the recipe's own sizes otherwise)
-    overrides: str = ""          # TrainConfig changes after the recipe's, space-separated (e.g. "dapo.refill_ahead=true")
+    overrides: str = ""          # TrainConfig changes after the recipe's, space-separated (e.g. "dapo.micro_batch_size=2")
 
 
 def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
