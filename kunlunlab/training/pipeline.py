@@ -44,6 +44,7 @@ from kunlunlab.retrieval.store import load_retriever, save_retriever
 from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
                                        load_config)
 from kunlunlab.training.comparison import budget_ledger, write_ledger
+from kunlunlab.training.cpu_heap import keep_freed_memory
 from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.evaluation import agent_settings, heldout_evaluation
@@ -247,6 +248,8 @@ class TrainingRun:
         self.state.set("config_hash", config_hash(json.loads(json.dumps(cfg.to_dict()))))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        if self.device == "cpu":
+            keep_freed_memory(cfg.heap_keep_gb)
         torch.manual_seed(cfg.seed)
         self.data = load_splits(cfg.splits())
         self.say(f"data: {len(self.data.train)} training and {len(self.data.heldout)} held-out synthetic questions, "
