@@ -265,9 +265,9 @@ class TrainConfig:
                                      # (kunlunlab.data.evidence; mixing.twowiki_share of each epoch)
     twowiki_heldout: int = non_negative(100)  # the first N 2Wiki dev questions (what evaluations read) are never trained on
     threads: int | None = positive(None)
-    heap_keep_gb: float = non_negative(1.0)  # on a CPU: freed memory up to this many GB kept in the heap for reuse,
-                                     # no mmap per large tensor (kunlunlab/training/cpu_heap.py: a DAPO step's update
-                                     # 43.7 -> 32.2 s); 0: malloc left as it is
+    heap_keep_gb: float = non_negative(1.0)  # on a CPU: TRL's LM-head tiles taken from the heap, and up to this many
+                                     # GB of freed memory kept at its top for the next step's (kunlunlab/training/
+                                     # cpu_heap.py); 0: malloc left as it is
     seed: int = non_negative(0)
     bf16: bool | Literal["auto"] = False  # bf16 autocast in training; "auto": where the hardware has native bf16
     device: str = "auto"             # where the model lives: auto (CUDA when present; under accelerate this

@@ -1,37 +1,47 @@
-"""Large temporaries of CPU training reused from the heap instead of page-faulted in at every use (glibc malloc).
+"""The LM head's large temporaries in CPU training reused from the heap instead of page-faulted in at every use.
 
 glibc serves every allocation above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps it at
-``free``, so each such tensor is page-faulted in, zero-filled by the kernel, every time it is made. A training
-step on a CPU makes many: TRL's fused LM head projects the completion tokens onto vocabulary tiles of 32,768
-columns in forward and backward (600 tokens: 78 MB in float32 per tile), and converting one such tile to float32
-took 28 ms where the arithmetic on it took 2-9 ms (2-core EPYC, 2026-12-02). With ``mmap`` off for allocations
-(``mallopt(M_MMAP_MAX, 0)``) and up to ``keep_gb`` of freed memory kept at the top of the heap
-(``M_TRIM_THRESHOLD``), those blocks are reused: forward and backward of one 1,000-token sequence (600 scored;
-SmolLM2-135M, top 12 layers trained, bf16 autocast) 4.4 s -> 1.9 s, and the update of a DAPO step at make run's
-size (``python -m kunlunlab.bench dapo-step --steps 3``) 43.7 -> 32.2 s (30.2 s keeping 4 GB), max resident
-memory 4.11 -> 4.24 GB (docs/reference.md). The trim threshold must hold a step's temporaries: at 256 MiB the
-backward was 1.8 s again. The cost is fragmentation: a freed block can sit 64 bytes short of the next aligned
-request of the same size, so 60 identical 64 MiB tensors in a row left 668-732 MB resident against 284 MB (the
-heap grows for the first few, then reuses). The setting is the process's from then on (a notebook kernel, a test
-process); the values computed do not change.
+``free``, so each such tensor is page-faulted in, zero-filled by the kernel, every time it is made. TRL's fused LM
+head makes many in every step: it projects the completion tokens onto vocabulary tiles of 32,768 columns in forward
+and backward (600 tokens: 78 MB per tile in float32), and converting one such tile to float32 took 28 ms where the
+arithmetic on it took 2-9 ms (2-core EPYC, 2026-12-02). Inside :func:`large_blocks_from_heap` (which
+``trl_cpu.reuse_head_tiles_on_cpu`` wraps around the head's forward and backward) every allocation comes from the
+heap (``M_MMAP_MAX`` 0), and up to ``keep_gb`` of freed memory stays at the heap's top (``M_TRIM_THRESHOLD``), so
+the next step's tiles reuse the last step's. Measured (docs/reference.md, "How fast the agent loop runs"): forward
+and backward of one 1,000-token sequence (600 scored; SmolLM2-135M, top 12 layers trained, bf16 autocast) 4.4 s ->
+1.9 s with the whole process on the heap, and five such sequences 18.1 -> 11.1 s with the head alone on it; the
+update of a DAPO step at make run's size (``python -m kunlunlab.bench dapo-step --steps 3``) 43.7 -> 30.1 s.
+
+Only the head, not the whole process: with every allocation on the heap (the first form of this change) notebook
+04 of make run peaked at 8.85 GB resident against 7.50 GB, because a heap gives memory back only from its top and
+a block freed below a live one stays resident (60 identical 64 MiB tensors in a row left 668-732 MB resident
+against 284 MB). Outside the head glibc behaves as before, its mmap threshold fixed at 32 MiB, the largest its
+dynamic threshold reaches (setting the trim threshold turns the dynamic adjustment off, which would otherwise leave
+the threshold at 128 KiB, where SFT ran 1.7x slower: docs/training.md, "Memory on CPU").
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import platform
 import sys
+import threading
 
 log = logging.getLogger(__name__)
 
-M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
-M_MMAP_MAX = -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt parameters (malloc.h)
+GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
+LARGEST_MMAP_THRESHOLD = 32 * 2**20  # the most glibc's dynamic mmap threshold grows to on 64-bit
+
+_state = {"libc": None, "depth": 0}
+_lock = threading.Lock()
 
 
 def keep_freed_memory(keep_gb: float) -> bool:
-    """Makes glibc keep large freed blocks for reuse: no ``mmap`` per allocation, up to ``keep_gb`` GB of free
-    memory kept at the heap's top. ``keep_gb`` 0 leaves malloc as it is. Returns whether the setting is in place;
-    off Linux/glibc it is not, and nothing changes (a log line says so)."""
+    """Lets :func:`large_blocks_from_heap` take large blocks from the heap, with up to ``keep_gb`` GB of freed memory
+    kept at its top. ``keep_gb`` 0 leaves malloc as it is. Returns whether the setting is in place; off Linux/glibc
+    it is not, and nothing changes (a log line says so). The setting is the process's from then on."""
     if keep_gb <= 0:
         return False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
@@ -39,4 +49,28 @@ def keep_freed_memory(keep_gb: float) -> bool:
         return False
     libc = ctypes.CDLL("libc.so.6")
     trim = min(int(keep_gb * 1e9), 2**31 - 1)  # mallopt takes an int
-    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, trim))
+    if not (libc.mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, trim)):
+        return False
+    _state["libc"] = libc
+    return True
+
+
+@contextlib.contextmanager
+def large_blocks_from_heap():
+    """Within: allocations of any size come from the heap, once :func:`keep_freed_memory` is in place (else
+    nothing changes). Nested and concurrent uses keep the heap until the last one leaves."""
+    libc = _state["libc"]
+    if libc is None:
+        yield
+        return
+    with _lock:
+        _state["depth"] += 1
+        if _state["depth"] == 1:
+            libc.mallopt(M_MMAP_MAX, 0)
+    try:
+        yield
+    finally:
+        with _lock:
+            _state["depth"] -= 1
+            if _state["depth"] == 0:
+                libc.mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX)

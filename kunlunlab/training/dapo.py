@@ -78,7 +78,7 @@ from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.progress import show_progress
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
                                         reward_functions, score)
-from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
+from kunlunlab.training.trl_cpu import reuse_head_tiles_on_cpu, score_labelled_positions_on_cpu
 
 
 log = logging.getLogger(__name__)
@@ -523,6 +523,7 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
 
 
     score_labelled_positions_on_cpu()
+    reuse_head_tiles_on_cpu()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import SFTStageConfig
 from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
 from kunlunlab.training.progress import show_progress
-from kunlunlab.training.trl_cpu import score_labelled_positions_on_cpu
+from kunlunlab.training.trl_cpu import reuse_head_tiles_on_cpu, score_labelled_positions_on_cpu
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
     """Trains in place (with ``peft_config``, a LoRA adapter on ``model``); resumes from the last checkpoint in
     ``output_dir``. Returns the trainer."""
     score_labelled_positions_on_cpu()
+    reuse_head_tiles_on_cpu()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,

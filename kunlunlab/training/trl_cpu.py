@@ -1,4 +1,5 @@
-"""One switch in TRL's fused LM head for CPU training (SFT and DAPO stages).
+"""Two switches in TRL's fused LM head for CPU training (SFT and DAPO stages): labelled positions only, and its
+tiles reused from the heap (:func:`reuse_head_tiles_on_cpu`, kunlunlab/training/cpu_heap.py).
 
 TRL's trainers project the hidden states through the LM head in tiles (``trl.trainer.utils.add_fused_lm_head``)
 and score only the positions that carry a label, but only on CUDA/XPU: elsewhere every position is scored
@@ -12,6 +13,8 @@ only (2026-11-25). The values are the same: TRL zeroes the unlabelled positions 
 from __future__ import annotations
 
 import logging
+
+from kunlunlab.training.cpu_heap import large_blocks_from_heap
 
 log = logging.getLogger(__name__)
 
@@ -34,4 +37,37 @@ def score_labelled_positions_on_cpu() -> bool:
 
     compact_on_cpu.labelled_positions_on_cpu = True
     trl_utils._use_triton = compact_on_cpu
+    return True
+
+
+def reuse_head_tiles_on_cpu() -> bool:
+    """Runs the forward and backward of TRL's chunked log-prob head on CPU inside
+    :func:`kunlunlab.training.cpu_heap.large_blocks_from_heap` (idempotent), so its vocabulary tiles are reused from
+    the heap instead of mapped anew at every call; a no-op until ``keep_freed_memory`` is in place. Returns whether
+    the wrapper is in place; with a TRL that no longer has the class, logs a warning and leaves TRL as it is."""
+    from trl.kernels import chunked_logprob  # deferred, as above
+
+    function = getattr(chunked_logprob, "ChunkedLogProbFunction", None)
+    if function is None:
+        log.warning("trl.kernels.chunked_logprob.ChunkedLogProbFunction not found (TRL changed): the LM head's "
+                    "tiles are mapped anew at every call on CPU, SFT and DAPO steps will be slower")
+        return False
+    if getattr(function.forward, "heap_tiles", False):
+        return True
+    forward, backward = function.forward, function.backward
+
+    def forward_on_heap(ctx, hidden, *args, **kwargs):
+        if hidden.device.type != "cpu":
+            return forward(ctx, hidden, *args, **kwargs)
+        with large_blocks_from_heap():
+            return forward(ctx, hidden, *args, **kwargs)
+
+    def backward_on_heap(ctx, *grads):
+        if ctx.saved_tensors[0].device.type != "cpu":
+            return backward(ctx, *grads)
+        with large_blocks_from_heap():
+            return backward(ctx, *grads)
+
+    forward_on_heap.heap_tiles = True
+    function.forward, function.backward = staticmethod(forward_on_heap), staticmethod(backward_on_heap)
     return True

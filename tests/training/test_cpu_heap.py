@@ -1,5 +1,6 @@
-"""Large CPU tensors reused from the heap: with heap_keep_gb the kernel stops zero-filling fresh pages for every
-large temporary (what made TRL's fused LM head slow on CPU), and 0 leaves malloc as it is."""
+"""TRL's LM-head tiles reused from the heap in CPU training: with heap_keep_gb the kernel stops zero-filling fresh
+pages for every tile of every step (what made the head slow on CPU), only inside the head, and 0 leaves malloc as
+it is. The values do not change."""
 import json
 import platform
 import subprocess
@@ -10,36 +11,75 @@ import pytest
 from kunlunlab.configs import ConfigError
 from kunlunlab.training.config import TrainConfig, config_from_dict
 
-# Allocates, fills and frees a 64 MiB tensor (above glibc's largest mmap threshold, 32 MiB) 40 times and counts the
-# page faults the kernel reports; keep_gb comes from argv. With the heap kept, the first few grow the heap (how many
-# varies from run to run: a block freed below a small allocation is 64 bytes short of the next aligned request until
-# its neighbours are free too) and the rest reuse it.
+glibc_only = pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                                reason="glibc's mallopt")
+
+# keep_gb from argv, then the page faults the kernel reports for 40 allocations of a 64 MiB tensor (above glibc's
+# largest mmap threshold, 32 MiB), filled and freed, inside large_blocks_from_heap. Inside, the first
+# few grow the heap (how many varies from run to run: a block freed below a small allocation is 64 bytes short of
+# the next aligned request until its neighbours are free too) and the rest reuse it.
 _FAULTS_OF_LARGE_TEMPORARIES = """
 import json, resource, sys
 import torch
-from kunlunlab.training.cpu_heap import keep_freed_memory
+from kunlunlab.training.cpu_heap import keep_freed_memory, large_blocks_from_heap
+
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(40):
+        torch.empty(16 * 2**20).fill_(1.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
 applied = keep_freed_memory(float(sys.argv[1]))
+with large_blocks_from_heap():
+    inside = faults()
+print(json.dumps({"applied": applied, "inside": inside}))
+"""
+
+# The page faults of 6 forward and backward passes of TRL's chunked log-prob head over 600 tokens and a 32,768-token
+# vocabulary (78 MB tiles in float32), the head wrapped or not (argv), and the log-probabilities and gradient.
+_FAULTS_OF_THE_HEAD = """
+import json, resource, sys
+import torch
+from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+from kunlunlab.training.cpu_heap import keep_freed_memory
+from kunlunlab.training.trl_cpu import reuse_head_tiles_on_cpu
+
+if sys.argv[1] == "heap":
+    assert keep_freed_memory(1.0) and reuse_head_tiles_on_cpu() and reuse_head_tiles_on_cpu()  # idempotent
+torch.manual_seed(0)
+weight, targets = torch.randn(32768, 64) * 0.05, torch.randint(0, 32768, (600,))
+hidden = torch.randn(600, 64).requires_grad_(True)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(40):
-    torch.empty(16 * 2**20).fill_(1.0)
-print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+for _ in range(6):
+    hidden.grad = None
+    logprobs, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0, ("log_probs",))
+    logprobs.sum().backward()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps({"faults": faults, "logprobs": logprobs[:50].tolist(), "grad": hidden.grad[:20].flatten().tolist()}))
 """
 
 
-def _faults(keep_gb: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", _FAULTS_OF_LARGE_TEMPORARIES, str(keep_gb)], capture_output=True,
-                         text=True, check=True)
+def _run(script: str, arg: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-                    reason="glibc's mallopt")
-def test_kept_heap_reuses_large_blocks_instead_of_faulting_them_in_again():
-    default, kept = _faults(0), _faults(1.0)
+@glibc_only
+def test_inside_the_scope_large_blocks_are_reused():
     pages = 64 * 2**20 // 4096  # one 64 MiB tensor's pages
+    default, kept = _run(_FAULTS_OF_LARGE_TEMPORARIES, "0"), _run(_FAULTS_OF_LARGE_TEMPORARIES, "1.0")
     assert not default["applied"] and kept["applied"]
-    assert default["faults"] >= 40 * pages * 0.95  # every tensor faulted in anew: 40 x 16,384 pages
-    assert kept["faults"] < 16 * pages  # most served from memory the heap kept (seen: 1 to 8 tensors' pages)
+    assert default["inside"] >= 40 * pages * 0.95  # heap_keep_gb 0: the scope changes nothing, every one anew
+    assert kept["inside"] < 16 * pages  # most served from memory the heap kept (seen: 1 to 8 tensors' pages)
+
+
+@glibc_only
+def test_trl_s_head_reuses_its_tiles_with_the_same_values():
+    plain, heap = _run(_FAULTS_OF_THE_HEAD, "plain"), _run(_FAULTS_OF_THE_HEAD, "heap")
+    tile_pages = 600 * 32768 * 4 // 4096  # one float32 tile: 19,200 pages
+    assert plain["faults"] > 6 * tile_pages  # every pass maps its tiles anew
+    assert heap["faults"] < plain["faults"] / 3
+    assert heap["logprobs"] == plain["logprobs"] and heap["grad"] == plain["grad"]
 
 
 def test_training_keeps_a_gigabyte_by_default_and_zero_turns_it_off():
