@@ -255,16 +255,17 @@ def release_host_memory() -> bool:
     after each training stage has dropped its trainer and after evaluations. False where the C library has no
     ``malloc_trim`` (not glibc)."""
     gc.collect()
-    trim = _malloc_trim()
+    trim = c_library_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
     return True
 
 
-def _malloc_trim():
-    name = ctypes.util.find_library("c")
+def c_library_function(name: str):
+    """The C library's function ``name`` (glibc's ``malloc_trim``, ``mallopt``), or None where it has none."""
+    library = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # no C library by that name, or one without malloc_trim (musl, macOS)
+        return getattr(ctypes.CDLL(library), name) if library else None
+    except (OSError, AttributeError):  # no C library by that name, or one without the function (musl, macOS)
         return None

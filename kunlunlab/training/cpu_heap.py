@@ -22,11 +22,12 @@ the threshold at 128 KiB, where SFT ran 1.7x slower: docs/training.md, "Memory o
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import platform
 import sys
 import threading
+
+from kunlunlab.models import c_library_function
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt p
 GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
 LARGEST_MMAP_THRESHOLD = 32 * 2**20  # the most glibc's dynamic mmap threshold grows to on 64-bit
 
-_state = {"libc": None, "depth": 0}
+_state = {"mallopt": None, "depth": 0}
 _lock = threading.Lock()
 
 
@@ -44,14 +45,15 @@ def keep_freed_memory(keep_gb: float) -> bool:
     it is not, and nothing changes (a log line says so). The setting is the process's from then on."""
     if keep_gb <= 0:
         return False
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    # the parameters' numbers are glibc's
+    mallopt = c_library_function("mallopt") if platform.libc_ver()[0] == "glibc" else None
+    if mallopt is None:
         log.info("heap_keep_gb: not a glibc system (%s), malloc left as it is", sys.platform)
         return False
-    libc = ctypes.CDLL("libc.so.6")
     trim = min(int(keep_gb * 1e9), 2**31 - 1)  # mallopt takes an int
-    if not (libc.mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, trim)):
+    if not (mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, trim)):
         return False
-    _state["libc"] = libc
+    _state["mallopt"] = mallopt
     return True
 
 
@@ -59,18 +61,18 @@ def keep_freed_memory(keep_gb: float) -> bool:
 def large_blocks_from_heap():
     """Within: allocations of any size come from the heap, once :func:`keep_freed_memory` is in place (else
     nothing changes). Nested and concurrent uses keep the heap until the last one leaves."""
-    libc = _state["libc"]
-    if libc is None:
+    mallopt = _state["mallopt"]
+    if mallopt is None:
         yield
         return
     with _lock:
         _state["depth"] += 1
         if _state["depth"] == 1:
-            libc.mallopt(M_MMAP_MAX, 0)
+            mallopt(M_MMAP_MAX, 0)
     try:
         yield
     finally:
         with _lock:
             _state["depth"] -= 1
             if _state["depth"] == 0:
-                libc.mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX)
+                mallopt(M_MMAP_MAX, GLIBC_MMAP_MAX)
