@@ -57,13 +57,14 @@ def reuse_head_tiles_on_cpu() -> bool:
     forward, backward = function.forward, function.backward
 
     def forward_on_heap(ctx, hidden, *args, **kwargs):
-        if hidden.device.type != "cpu":
+        ctx.on_cpu = hidden.device.type == "cpu"  # read by the backward, without unpacking the saved tensors
+        if not ctx.on_cpu:
             return forward(ctx, hidden, *args, **kwargs)
         with large_blocks_from_heap():
             return forward(ctx, hidden, *args, **kwargs)
 
     def backward_on_heap(ctx, *grads):
-        if ctx.saved_tensors[0].device.type != "cpu":
+        if not ctx.on_cpu:
             return backward(ctx, *grads)
         with large_blocks_from_heap():
             return backward(ctx, *grads)
