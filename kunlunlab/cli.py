@@ -226,8 +226,16 @@ def _fail(command: str, err: BaseException | str, code: int = BAD_INPUT) -> int:
 
 
 def _interrupted(command: str, kept: str) -> int:
-    """Ctrl-C: one line saying what was kept and how to go on, exit 130 (the shell's code for SIGINT)."""
+    """Ctrl-C: one line saying what was kept and how to go on, exit 130 (the shell's code for SIGINT).
+
+    The ``exec`` of a source string clears CPython's record of an unanswered KeyboardInterrupt: one that lands
+    inside such an exec (a dataclass or namedtuple being created, which happens lazily in the libraries)
+    leaves that record set even though it is answered here, and ``python -m`` then ends the process by SIGINT
+    after the exit code is chosen (CPython 3.11 and 3.12: ``run_eval_code_obj`` sets it, ``Py_RunMain`` reads
+    it; the record is reset at the start of every such exec). Seen as a rare returncode -2 of ``python -m
+    kunlunlab.cli build-index`` under Ctrl-C; ``tests/project/test_cli.py`` raises the interrupt inside an exec."""
     print(f"kunlunlab {command}: interrupted; " + " ".join(kept.split()), file=sys.stderr)
+    exec("None")  # a constant source string: resets the interrupt record (docstring)
     return INTERRUPTED
 
 
