@@ -86,7 +86,8 @@ class Comparison:
         unknown = sorted(set(arms or ()) - set(self.arms))
         if unknown:
             raise ValueError(f"comparison {self.name}: no arm {unknown}; its arms: {', '.join(self.arms)}")
-        return [arm_config(self, arm, seed) for arm in (arms or list(self.arms)) for seed in (seeds or self.seeds)]
+        chosen = [arm for arm in self.arms if arms is None or arm in arms]
+        return [arm_config(self, arm, seed) for arm in chosen for seed in (seeds or self.seeds)]
 
 
 def load_comparison(path: str | Path) -> Comparison:

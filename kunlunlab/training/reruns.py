@@ -22,10 +22,14 @@ from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.training.comparison import (Comparison, check_ledgers, read_ledger, recipe_differences,
                                            write_ledger)
 from kunlunlab.training.config import TrainConfig, config_from_dict
-from kunlunlab.training.pipeline import train
+from kunlunlab.training.pipeline import RunFolderConflict, RunState, train
 
 RUN_CONFIGS = PROJECT_ROOT / "experiments" / "configs" / "runs"
 RUN_REFERENCE = "run:"  # "model": "run:<name>/<stage>/final"
+
+
+class SharedSFTNotReady(RunFolderConflict):
+    """An RL variant's source run (whose SFT it shares) has not got as far as the variant needs: one line, exit 2."""
 # Fields added to TrainConfig after records were kept, with the value that reproduces a record trained before
 # them (its train_config.json lacks the field); every run config states them, so a new default cannot move a rerun.
 ADDED_SINCE_RECORDS = {"summary_share": 0.0, "eval.summary_questions": 0}
@@ -140,32 +144,37 @@ def run_comparison(comparison: Comparison, runs_root: Path, arms: list[str] | No
     then holds the arms of each seed to one another (:func:`~kunlunlab.training.comparison.check_ledgers`).
     ``overrides``: settings every arm takes alike on top of the budget (a device, the smoke sizes of
     :func:`comparison_smoke_overrides`). Arms of one seed whose configs differ only after SFT (a recipe's RL
-    variant) share the first one's SFT checkpoint: the variant's RL starts from it (its KL reference), its ledger
-    takes that SFT's samples and its after-SFT evaluation is that one's. Returns ``{"runs": {run name: training summary}, "problems": {seed:
-    [...]}, "overridden": {arm: [...]}, "sft_from": {run: run}, "differences": ...}`` and writes it to
-    ``runs_root/<comparison>.fairness.json``."""
+    variant) share the SFT checkpoint of the comparison's first such arm, also when that arm runs in another
+    invocation (``--arms`` lanes side by side): the variant's RL starts from it (its KL reference), its ledger
+    takes that SFT's samples and its after-SFT evaluation is that one's. A variant whose source is not in this
+    invocation waits for nothing: it refuses (:class:`SharedSFTNotReady`, one line) until the source's SFT has
+    finished, and takes the source's after-SFT evaluation once that is complete. Returns ``{"runs": {run name:
+    training summary}, "problems": {seed: [...]}, "overridden": {arm: [...]}, "sft_from": {run: run},
+    "differences": ...}`` and writes it to ``runs_root/<comparison>.fairness.json``."""
     runs = comparison.runs(arms, seeds)
-    summaries, overridden, sft_from, first_sft = {}, {}, {}, {}
+    selected = {run.name for run in runs}
+    summaries, overridden, sft_from = {}, {}, {}
+    first_sft = _sft_sources(comparison, seeds, overrides)
     for run in runs:
-        cfg = run.config
-        if overrides:
-            cfg = config_from_dict(apply_overrides(cfg.to_dict(), dict(overrides)),
-                                   f"comparison {comparison.name} arm {run.arm}")
+        cfg = _with_overrides(run, comparison, overrides)
         run_dir = runs_root / run.name
         overridden[run.arm] = run.overridden
-        source = first_sft.setdefault(sft_fingerprint(cfg), run.name) if cfg.sft.enabled else run.name
+        source = first_sft.get(sft_fingerprint(cfg), run.name) if cfg.sft.enabled else run.name
+        if source != run.name and source not in selected and not RunState(runs_root / source).get("sft_done"):
+            raise SharedSFTNotReady(f"arm {run.arm} trains from the SFT of {source}, which has not finished its SFT "
+                                    f"in {runs_root}: run its arm first (or in the same command)")
         if source != run.name:
             sft_from[run.name] = source
             cfg = config_from_dict(apply_overrides(cfg.to_dict(), {
                 "model": str((runs_root / source / "sft" / "final").resolve()), "sft.enabled": False}))
         if (run_dir / "training_summary.json").is_file():
             summaries[run.name] = json.loads((run_dir / "training_summary.json").read_text())
-            continue
-        if progress:
-            progress(f"[comparison] {run.name} -> {run_dir} (recipe {run.recipe}"
-                     + (f", SFT of {source})" if source != run.name else ")"))
-        summaries[run.name] = train(cfg, run_dir, progress=progress)
-        if source != run.name:
+        else:
+            if progress:
+                progress(f"[comparison] {run.name} -> {run_dir} (recipe {run.recipe}"
+                         + (f", SFT of {source})" if source != run.name else ")"))
+            summaries[run.name] = train(cfg, run_dir, progress=progress)
+        if source != run.name and read_ledger(run_dir).get("sft_from") != source:
             _take_sft(runs_root / source, run_dir)
     problems = {}
     for seed in sorted({run.seed for run in runs}):
@@ -178,9 +187,31 @@ def run_comparison(comparison: Comparison, runs_root: Path, arms: list[str] | No
     return result
 
 
+def _with_overrides(run, comparison: Comparison, overrides: dict | None) -> TrainConfig:
+    if not overrides:
+        return run.config
+    return config_from_dict(apply_overrides(run.config.to_dict(), dict(overrides)),
+                            f"comparison {comparison.name} arm {run.arm}")
+
+
+def _sft_sources(comparison: Comparison, seeds: list[int] | None, overrides: dict | None) -> dict[str, str]:
+    """SFT fingerprint -> the run that trains it: the first arm of the comparison (in its own order, whatever
+    ``--arms`` selects) of each seed whose SFT-side config is that one."""
+    sources = {}
+    for run in comparison.runs(None, seeds):
+        cfg = _with_overrides(run, comparison, overrides)
+        if cfg.sft.enabled:
+            sources.setdefault(sft_fingerprint(cfg), run.name)
+    return sources
+
+
 def _take_sft(source: Path, run_dir: Path) -> None:
     """A variant's record of the SFT it started from: that run's SFT samples in its ledger, its after-SFT
-    evaluation records beside the variant's own after RL."""
+    evaluation records beside the variant's own after RL. The source's after-SFT evaluation must be complete
+    (its ``state.json`` says so), else the variant would keep a part of it."""
+    if RunState(source).get("eval_sft") is None:
+        raise SharedSFTNotReady(f"{source.name} has not finished its after-SFT evaluation, which {run_dir.name} "
+                                "shares: rerun this command once it has (the trained variant is reused)")
     ledger, theirs = read_ledger(run_dir), read_ledger(source)
     ledger.update(sft_samples=theirs["sft_samples"], sft_from=source.name)
     write_ledger(run_dir, ledger)

@@ -165,3 +165,51 @@ def test_two_arms_trained_through_the_comparison_ran_alike(tmp_path, tiny_model)
         after_rl = [json.loads(line)["id"] for line in (run / "eval_after_world.jsonl").read_text().splitlines()]
         assert sorted(after_sft) == sorted(after_rl) and len(after_rl) == 2
     assert (tmp_path / "runs" / "c.fairness.json").is_file()
+
+
+def test_an_rl_variant_in_another_lane_shares_its_source_s_sft_once_that_has_finished(tmp_path, monkeypatch):
+    """`--arms kunlun_grpo` in a second process while `--arms kunlun` trains in the first: refused (one line)
+    until kunlun's SFT is done, then trained from kunlun's checkpoint, and given kunlun's after-SFT evaluation
+    only once that is complete. Arms run in the file's order whatever order --arms names them in."""
+    from kunlunlab.training import reruns
+    from kunlunlab.training.reruns import SharedSFTNotReady, run_comparison
+
+    trained = {}
+
+    def fake_train(cfg, run_dir, progress=None):  # what the harness hands a run, not the training itself
+        trained[run_dir.name] = cfg
+        run_dir.mkdir(parents=True)
+        ledger = {"sft_samples": [] if cfg.sft.enabled is False else ["q1", "q2"], "rl_calls": [], "rl_generated": 0,
+                  "limits": {"max_rollouts": None, "rollouts_per_call": 8}}
+        (run_dir / "budget_ledger.json").write_text(json.dumps(ledger))
+        (run_dir / "training_summary.json").write_text("{}")
+        return {}
+
+    monkeypatch.setattr(reruns, "train", fake_train)
+    recipe = "experiments/configs/training/train_embedded_cpu.json"
+    comparison = load_comparison(_write(tmp_path, arms={
+        "kunlun": recipe, "kunlun_grpo": {"recipe": recipe, "set": {"dapo.loss_type": "grpo"}}}))
+    runs = tmp_path / "runs"
+    assert [r.arm for r in comparison.runs(["kunlun_grpo", "kunlun"], [0])] == ["kunlun", "kunlun_grpo"]
+    with pytest.raises(SharedSFTNotReady, match=r"arm kunlun_grpo trains from the SFT of c.kunlun.s0, which has "
+                                                r"not finished its SFT"):
+        run_comparison(comparison, runs, ["kunlun_grpo"], [0])
+    assert trained == {}
+    source = runs / "c.kunlun.s0"
+    source.mkdir(parents=True)
+    (source / "state.json").write_text(json.dumps({"sft_done": True}))  # the other lane: SFT done, evaluating
+    (source / "budget_ledger.json").write_text(json.dumps({"sft_samples": ["q1", "q2"]}))
+    (source / "eval_sft_world.jsonl").write_text('{"id": "w1"}\n')  # a part of its after-SFT evaluation
+    with pytest.raises(SharedSFTNotReady, match="c.kunlun.s0 has not finished its after-SFT evaluation"):
+        run_comparison(comparison, runs, ["kunlun_grpo"], [0])
+    variant = trained["c.kunlun_grpo.s0"]
+    assert (variant.sft.enabled, variant.model) == (False, str((source / "sft" / "final").resolve()))
+    assert not (runs / "c.kunlun_grpo.s0" / "eval_sft_world.jsonl").exists()
+    (source / "eval_sft_world.jsonl").write_text('{"id": "w1"}\n{"id": "w2"}\n')
+    (source / "state.json").write_text(json.dumps({"sft_done": True, "eval_sft": {"world": {"em": 50.0}}}))
+    trained.clear()
+    result = run_comparison(comparison, runs, ["kunlun_grpo"], [0])  # the trained variant is reused
+    assert trained == {} and result["sft_from"] == {"c.kunlun_grpo.s0": "c.kunlun.s0"}
+    assert (runs / "c.kunlun_grpo.s0" / "eval_sft_world.jsonl").read_text().count("\n") == 2
+    ledger = json.loads((runs / "c.kunlun_grpo.s0" / "budget_ledger.json").read_text())
+    assert (ledger["sft_samples"], ledger["sft_from"]) == (["q1", "q2"], "c.kunlun.s0")
