@@ -1,0 +1,69 @@
+"""Keeps finished training runs' records under experiments/results (experiments/results/README.md): what
+``compare-runs``, ``table2_report.py`` and notebook 08 read from a run folder, copied unchanged except that the
+per-question trajectories lose their token ids and log-probabilities (text, steps, the mask that counts model
+tokens, RDRA and STIE rounds stay), and every ``.jsonl`` is stored as ``.jsonl.gz`` (``gzip -n -9``: the same bytes
+for the same records). No weights. An unfinished run (no ``training_summary.json``) is refused in one line.
+
+    python experiments/scripts/keep_runs.py runs experiments/results/table2_budget table2.kunlun.s0 table2.research.s0
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import sys
+from pathlib import Path
+
+FILES = ("train_config.json", "state.json", "training_summary.json", "budget_ledger.json")
+LOGS = ("sft_log.jsonl", "dapo_log.jsonl", "dapo_rollouts.jsonl")
+RECORDS = tuple(f"eval_{stage}_{part}.jsonl" for stage in ("before", "sft", "after")
+                for part in ("world", "hotpot", "summary"))
+DROPPED = ("prompt_ids", "completion_ids", "logprobs")  # what no reader of a kept record uses
+
+
+def _gzip(lines: list[str], target: Path) -> None:
+    with open(target, "wb") as raw, gzip.GzipFile(filename="", mode="wb", compresslevel=9, fileobj=raw,
+                                                  mtime=0) as out:
+        out.write("".join(lines).encode())
+
+
+def slim(record: dict) -> dict:
+    trajectory = record.get("trajectory")
+    if isinstance(trajectory, dict):
+        record = {**record, "trajectory": {k: v for k, v in trajectory.items() if k not in DROPPED}}
+    return record
+
+
+def keep(run: Path, target: Path) -> list[str]:
+    if not (run / "training_summary.json").is_file():
+        raise SystemExit(f"keep_runs.py: {run} has not finished (no training_summary.json); nothing kept")
+    target.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for name in FILES:
+        if (run / name).is_file():
+            shutil.copyfile(run / name, target / name)
+            kept.append(name)
+    for name in LOGS:
+        if (run / name).is_file():
+            _gzip((run / name).read_text().splitlines(keepends=True), target / f"{name}.gz")
+            kept.append(f"{name}.gz")
+    for name in RECORDS:
+        if (run / name).is_file():
+            rows = [json.dumps(slim(json.loads(line))) + "\n" for line in (run / name).read_text().splitlines()
+                    if line.strip()]
+            _gzip(rows, target / f"{name}.gz")
+            kept.append(f"{name}.gz")
+    return kept
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3:
+        raise SystemExit("usage: keep_runs.py RUNS_FOLDER OUT_FOLDER RUN_NAME [RUN_NAME ...]")
+    runs, out = Path(argv[0]), Path(argv[1])
+    kept = {name: keep(runs / name, out / name) for name in argv[2:]}
+    print(json.dumps({"out": str(out), "kept": kept}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
