@@ -59,11 +59,16 @@ def main(argv: list[str]) -> int:
     for seed in comparison.seeds:
         ledgers = {r.arm: read_ledger(root / r.name) for r in runs
                    if r.seed == seed and (root / r.name / "budget_ledger.json").is_file()}
-        fairness[seed] = check_ledgers(ledgers)
+        fairness[seed] = {"arms": sorted(ledgers), "problems": check_ledgers(ledgers)}
     out["fairness"] = fairness
     print("\n## Fairness check (same SFT samples, RL prompts and rollout budget per seed)\n")
-    for seed, problems in fairness.items():
-        print(f"- seed {seed}: " + ("the arms ran alike" if not problems else "; ".join(problems)))
+    for seed, seen in fairness.items():
+        if len(seen["arms"]) < 2:
+            verdict = f"{len(seen['arms'])} finished arm(s): nothing to compare yet"
+        else:
+            verdict = (f"the {len(seen['arms'])} arms ({', '.join(seen['arms'])}) ran alike" if not seen["problems"]
+                       else "; ".join(seen["problems"]))
+        print(f"- seed {seed}: {verdict}")
     clip = {}
     for run in runs:
         steps = [row for row in training_logs(root / run.name).get("dapo", []) if "loss" in row]
