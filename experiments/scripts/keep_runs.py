@@ -2,7 +2,9 @@
 ``compare-runs``, ``table2_report.py`` and notebook 08 read from a run folder, copied unchanged except that the
 per-question trajectories lose their token ids and log-probabilities (text, steps, the mask that counts model
 tokens, RDRA and STIE rounds stay), and every ``.jsonl`` is stored as ``.jsonl.gz`` (``gzip -n -9``: the same bytes
-for the same records). No weights. An unfinished run (no ``training_summary.json``) is refused in one line.
+for the same records). No weights. An unfinished run (no ``training_summary.json``) is refused in one line. A
+suite's folder (``records/`` of ``kunlunlab suite`` or ``table2_baselines.py``, no training) keeps its records and
+their ``.config.json`` files the same way.
 
     python experiments/scripts/keep_runs.py runs experiments/results/table2_budget table2.kunlun.s0 table2.research.s0
 """
@@ -34,7 +36,24 @@ def slim(record: dict) -> dict:
     return record
 
 
+def keep_suite(suite: Path, target: Path) -> list[str]:
+    (target / "records").mkdir(parents=True, exist_ok=True)
+    kept = []
+    for path in sorted((suite / "records").iterdir()):
+        name = f"records/{path.name}"
+        if path.suffix == ".jsonl":
+            rows = [json.dumps(slim(json.loads(line))) + "\n" for line in path.read_text().splitlines() if line.strip()]
+            _gzip(rows, target / f"{name}.gz")
+            kept.append(f"{name}.gz")
+        elif path.name.endswith(".config.json"):
+            shutil.copyfile(path, target / name)
+            kept.append(name)
+    return kept
+
+
 def keep(run: Path, target: Path) -> list[str]:
+    if (run / "records").is_dir() and not (run / "train_config.json").is_file():
+        return keep_suite(run, target)
     if not (run / "training_summary.json").is_file():
         raise SystemExit(f"keep_runs.py: {run} has not finished (no training_summary.json); nothing kept")
     target.mkdir(parents=True, exist_ok=True)

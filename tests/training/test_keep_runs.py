@@ -54,3 +54,18 @@ def test_an_unfinished_run_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
         f"keep_runs.py: {tmp_path / 'runs' / 't.kunlun.s0'} has not finished (no training_summary.json); nothing kept"]
     assert not (tmp_path / "kept").exists()
+
+
+def test_a_suite_s_records_are_kept_with_their_configs(tmp_path):
+    records = tmp_path / "runs" / "t.suite" / "records"
+    records.mkdir(parents=True)
+    (records / "world.ircot.jsonl").write_text(json.dumps({"id": "q1", "em": 0.0, "trajectory": {
+        "completion_ids": [1, 2], "mask": [1, 1], "text": "x"}}) + "\n")
+    (records / "world.ircot.jsonl.config.json").write_text('{"method": "ircot"}')
+    proc = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "runs"), str(tmp_path / "kept"), "t.suite"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    kept = tmp_path / "kept" / "t.suite" / "records"
+    assert sorted(p.name for p in kept.iterdir()) == ["world.ircot.jsonl.config.json", "world.ircot.jsonl.gz"]
+    assert read_jsonl(jsonl_path(kept / "world.ircot.jsonl")) == [
+        {"id": "q1", "em": 0.0, "trajectory": {"mask": [1, 1], "text": "x"}}]
