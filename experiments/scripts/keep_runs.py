@@ -4,7 +4,9 @@ per-question trajectories lose their token ids and log-probabilities (text, step
 tokens, RDRA and STIE rounds stay), and every ``.jsonl`` is stored as ``.jsonl.gz`` (``gzip -n -9``: the same bytes
 for the same records). No weights. An unfinished run (no ``training_summary.json``) is refused in one line. A
 suite's folder (``records/`` of ``kunlunlab suite`` or ``table2_baselines.py``, no training) keeps its records and
-their ``.config.json`` files the same way.
+their ``.config.json`` files the same way. A kept training run also gets its rerun config,
+``experiments/configs/runs/<out folder under experiments/results, / as .>.<run name>.json`` (``kunlunlab rerun``):
+its whole config, with a start from another kept run's checkpoint written as ``run:<that name>/<stage>/final``.
 
     python experiments/scripts/keep_runs.py runs experiments/results/table2_budget table2.kunlun.s0 table2.research.s0
 """
@@ -15,6 +17,9 @@ import json
 import shutil
 import sys
 from pathlib import Path
+
+from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.training.reruns import RUN_CONFIGS, RUN_REFERENCE
 
 FILES = ("train_config.json", "state.json", "training_summary.json", "budget_ledger.json")
 LOGS = ("sft_log.jsonl", "dapo_log.jsonl", "dapo_rollouts.jsonl")
@@ -75,11 +80,32 @@ def keep(run: Path, target: Path) -> list[str]:
     return kept
 
 
+def write_run_config(target: Path, note: str) -> Path | None:
+    """The rerun config of a kept run folder ``target`` under experiments/results (None elsewhere)."""
+    results = PROJECT_ROOT / "experiments" / "results"
+    target = target.resolve()
+    if not target.is_relative_to(results) or not (target / "train_config.json").is_file():
+        return None
+    record = target.relative_to(results)
+    prefix = ".".join(record.parent.parts)
+    config = json.loads((target / "train_config.json").read_text())
+    model = config.get("model")
+    if isinstance(model, str) and Path(model).parts[-2:] == ("sft", "final") and \
+            (target.parent / Path(model).parts[-3]).is_dir():  # another run of the same kept folder
+        config["model"] = f"{RUN_REFERENCE}{prefix}.{Path(model).parts[-3]}/sft/final"
+    path = RUN_CONFIGS / f"{prefix}.{record.name}.json"
+    path.write_text(json.dumps({"record": f"experiments/results/{record.as_posix()}", "note": note,
+                                "config": config}, indent=1) + "\n")
+    return path
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
         raise SystemExit("usage: keep_runs.py RUNS_FOLDER OUT_FOLDER RUN_NAME [RUN_NAME ...]")
     runs, out = Path(argv[0]), Path(argv[1])
     kept = {name: keep(runs / name, out / name) for name in argv[2:]}
+    for name in argv[2:]:
+        write_run_config(out / name, f"{name}, kept by keep_runs.py from {runs / name}")
     print(json.dumps({"out": str(out), "kept": kept}))
     return 0
 
