@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from kunlunlab.paths import PROJECT_ROOT
+from kunlunlab.paths import PROJECT_ROOT, read_jsonl
 from kunlunlab.training.reruns import RUN_CONFIGS, RUN_REFERENCE
 
 FILES = ("train_config.json", "state.json", "training_summary.json", "budget_ledger.json")
@@ -41,14 +41,18 @@ def slim(record: dict) -> dict:
     return record
 
 
+def _keep_records(source: Path, target: Path) -> None:
+    """``source``'s per-question records, slimmed (:func:`slim`), as ``target`` (a ``.jsonl.gz``)."""
+    _gzip([json.dumps(slim(record)) + "\n" for record in read_jsonl(source)], target)
+
+
 def keep_suite(suite: Path, target: Path) -> list[str]:
     (target / "records").mkdir(parents=True, exist_ok=True)
     kept = []
     for path in sorted((suite / "records").iterdir()):
         name = f"records/{path.name}"
         if path.suffix == ".jsonl":
-            rows = [json.dumps(slim(json.loads(line))) + "\n" for line in path.read_text().splitlines() if line.strip()]
-            _gzip(rows, target / f"{name}.gz")
+            _keep_records(path, target / f"{name}.gz")
             kept.append(f"{name}.gz")
         elif path.name.endswith(".config.json"):
             shutil.copyfile(path, target / name)
@@ -73,9 +77,7 @@ def keep(run: Path, target: Path) -> list[str]:
             kept.append(f"{name}.gz")
     for name in RECORDS:
         if (run / name).is_file():
-            rows = [json.dumps(slim(json.loads(line))) + "\n" for line in (run / name).read_text().splitlines()
-                    if line.strip()]
-            _gzip(rows, target / f"{name}.gz")
+            _keep_records(run / name, target / f"{name}.gz")
             kept.append(f"{name}.gz")
     return kept
 

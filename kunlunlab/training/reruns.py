@@ -27,12 +27,13 @@ from kunlunlab.training.pipeline import RunFolderConflict, RunState, train
 RUN_CONFIGS = PROJECT_ROOT / "experiments" / "configs" / "runs"
 RUN_REFERENCE = "run:"  # "model": "run:<name>/<stage>/final"
 
-
-class SharedSFTNotReady(RunFolderConflict):
-    """An RL variant's source run (whose SFT it shares) has not got as far as the variant needs: one line, exit 2."""
 # Fields added to TrainConfig after records were kept, with the value that reproduces a record trained before
 # them (its train_config.json lacks the field); every run config states them, so a new default cannot move a rerun.
 ADDED_SINCE_RECORDS = {"summary_share": 0.0, "eval.summary_questions": 0}
+
+
+class SharedSFTNotReady(RunFolderConflict):
+    """An RL variant's source run (whose SFT it shares) has not got as far as the variant needs: one line, exit 2."""
 
 
 class UnknownRunError(ValueError):
@@ -154,9 +155,10 @@ def run_comparison(comparison: Comparison, runs_root: Path, arms: list[str] | No
     runs = comparison.runs(arms, seeds)
     selected = {run.name for run in runs}
     summaries, overridden, sft_from = {}, {}, {}
-    first_sft = _sft_sources(comparison, seeds, overrides)
+    configs = {run.name: _with_overrides(run, comparison, overrides) for run in comparison.runs(None, seeds)}
+    first_sft = _sft_sources(configs)
     for run in runs:
-        cfg = _with_overrides(run, comparison, overrides)
+        cfg = configs[run.name]
         run_dir = runs_root / run.name
         overridden[run.arm] = run.overridden
         source = first_sft.get(sft_fingerprint(cfg), run.name) if cfg.sft.enabled else run.name
@@ -194,14 +196,13 @@ def _with_overrides(run, comparison: Comparison, overrides: dict | None) -> Trai
                             f"comparison {comparison.name} arm {run.arm}")
 
 
-def _sft_sources(comparison: Comparison, seeds: list[int] | None, overrides: dict | None) -> dict[str, str]:
-    """SFT fingerprint -> the run that trains it: the first arm of the comparison (in its own order, whatever
-    ``--arms`` selects) of each seed whose SFT-side config is that one."""
+def _sft_sources(configs: dict[str, TrainConfig]) -> dict[str, str]:
+    """SFT fingerprint -> the run that trains it: of the comparison's runs (``configs``, in the comparison's own
+    order, whatever ``--arms`` selects), the first whose SFT-side config is that one."""
     sources = {}
-    for run in comparison.runs(None, seeds):
-        cfg = _with_overrides(run, comparison, overrides)
+    for name, cfg in configs.items():
         if cfg.sft.enabled:
-            sources.setdefault(sft_fingerprint(cfg), run.name)
+            sources.setdefault(sft_fingerprint(cfg), name)
     return sources
 
 

@@ -351,7 +351,6 @@ def test_a_ctrl_c_a_command_does_not_answer_is_one_line_and_exit_130(monkeypatch
                                       "are unchanged\n"
 
 
-@pytest.mark.slow
 def test_a_ctrl_c_answered_inside_an_exec_still_exits_130_under_python_m(tmp_path):
     """A Ctrl-C that lands inside an ``exec`` of a source string (as when a library creates a dataclass) and
     is answered by a command: ``python -m`` exits 130 like any other answered Ctrl-C, not by SIGINT (-2), which
@@ -375,6 +374,7 @@ def test_a_ctrl_c_answered_inside_an_exec_still_exits_130_under_python_m(tmp_pat
     assert (proc.returncode, proc.stderr.strip()) == (130, "kunlunlab demo: interrupted; nothing was kept")
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_real_training_run_is_one_line_and_resumes(tmp_path):
     """SIGINT to ``kunlunlab train --smoke`` once it has started working: one line naming the command that
     resumes the run, exit 130, no traceback; the run folder keeps its config."""
