@@ -16,6 +16,7 @@ step, the rollouts (summed from the stage's rollout log) and the rest (TRL's upd
 from __future__ import annotations
 
 import json
+import resource
 import tempfile
 import time
 from dataclasses import dataclass
@@ -120,4 +121,5 @@ def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
             "seconds_per_step": round(total / cfg.steps, 1),
             "rollouts_generated_per_step": round(sum(r.get("generated", r["rollouts"]) for r in rollouts) / cfg.steps, 1),
             "overrides": cfg.overrides,
-            "inference_dtype": config.inference_dtype}
+            "inference_dtype": config.inference_dtype,
+            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
