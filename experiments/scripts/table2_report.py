@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from kunlunlab.eval.arms import arm_table
+from kunlunlab.eval.arms import arm_table, pairwise_table
 from kunlunlab.eval.compare import table2
 from kunlunlab.paths import jsonl_path, read_jsonl
 from kunlunlab.runner import markdown_table
@@ -55,6 +55,11 @@ def main(argv: list[str]) -> int:
         print(f"\n## Table 2, trained arms ({dataset}; EM %, mean over seeds with their range)\n")
         print("\n".join(markdown_table(header, rows)))
         out[f"arms {dataset}"] = {"header": header, "rows": rows, "numbers": numbers}
+        header, rows, numbers = pairwise_table(records, REFERENCE)
+        print(f"\n## Every arm against every other after RL ({dataset}; row − column, EM %, paired over seed and "
+              "question)\n")
+        print("\n".join(markdown_table(header, rows)))
+        out[f"pairs {dataset}"] = {"header": header, "rows": rows, "numbers": numbers}
     fairness = {}
     for seed in comparison.seeds:
         ledgers = {r.arm: read_ledger(root / r.name) for r in runs

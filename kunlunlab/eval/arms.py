@@ -6,6 +6,8 @@ own effect (after RL − after SFT) with a paired-bootstrap interval over every 
 against the reference arm after RL, paired the same way (the same seeds and questions); the answer-tag share after
 RL, where a row answered mostly by fallback extraction is "collapsed" and its comparisons are left out (never a
 tie); and what each answer cost: searches, retrieved passages, generated (model) tokens and seconds per question.
+:func:`pairwise_table` sets every arm against every other after RL, paired the same way (issue 52: intervals
+against kunlun and each peer).
 """
 from __future__ import annotations
 
@@ -98,4 +100,29 @@ def arm_table(records: Mapping[str, Mapping[int, Mapping[str, Sequence[dict]]]],
     return header, rows, numbers
 
 
-__all__ = ["HEADER", "STAGES", "arm_table", "costs"]
+def pairwise_table(records: Mapping[str, Mapping[int, Mapping[str, Sequence[dict]]]], reference: str,
+                   n_resamples: int = 10_000, seed: int = 0) -> tuple[list[str], list[list], dict]:
+    """Every arm against every other after RL: the cell of row a, column b is EM(a) − EM(b) with a
+    paired-bootstrap interval over the (seed, question) pairs both answered. A collapsed arm's cells say so (never
+    a tie), as do two arms without a seed in common. Rows and columns in :func:`arm_table`'s order."""
+    rl = {arm: {s: stages["rl"] for s, stages in by_seed.items() if "rl" in stages} for arm, by_seed in records.items()}
+    arms = sorted((a for a in rl if rl[a]), key=lambda a: (a != reference, a))
+    is_collapsed = {a: collapsed([r for recs in rl[a].values() for r in recs]) for a in arms}
+    rows, numbers = [], {}
+    for a in arms:
+        row = [a]
+        for b in arms:
+            if a == b:
+                row.append("–")
+            elif is_collapsed[a] or is_collapsed[b]:
+                row.append("collapsed, not compared")
+            elif not set(rl[a]) & set(rl[b]):
+                row.append("no seed in common")
+            else:
+                numbers[f"{a} − {b}"] = paired_bootstrap(*_pairs(rl[a], rl[b]), n_resamples=n_resamples, seed=seed)
+                row.append(_interval(numbers[f"{a} − {b}"]))
+        rows.append(row)
+    return ["arm − arm →", *arms], rows, numbers
+
+
+__all__ = ["HEADER", "STAGES", "arm_table", "costs", "pairwise_table"]
