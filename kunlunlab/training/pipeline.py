@@ -36,7 +36,8 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
-from kunlunlab.models import load_llm, release_host_memory, resolve_device, resolve_model_dtype, resolve_train_bf16
+from kunlunlab.models import (host_peak_gb, load_llm, release_host_memory, resolve_device, resolve_model_dtype,
+                              resolve_train_bf16)
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
@@ -268,6 +269,7 @@ class TrainingRun:
         self.timings = self.state.get("seconds", {})
         self.steps = self.state.get("steps", {})
         self.peaks = self.state.get("peak_gpu_gb", {})  # stage or evaluation -> its peak GPU memory (None on a CPU)
+        self.host_peaks = self.state.get("peak_host_gb", {})  # stage or evaluation -> the process's peak RSS up to its end
         self._frozen = False
 
     def evaluate(self, tag: str) -> dict:
@@ -320,10 +322,15 @@ class TrainingRun:
             torch.cuda.reset_peak_memory_stats()
 
     def _record_peak(self, name: str) -> None:
-        """``state.json``'s ``peak_gpu_gb``: what ``name`` held at most on this process's GPU (None on a CPU)."""
+        """``state.json``'s ``peak_gpu_gb``: what ``name`` held at most on this process's GPU (None on a CPU), and
+        ``peak_host_gb``: this process's peak resident memory from its start to ``name``'s end (never reset, see
+        :func:`~kunlunlab.models.host_peak_gb`): the stage after which it last rises set the process's peak (issue
+        54: which stage of notebook 04 passes 8 GB). None off Linux."""
         cuda = self.device.startswith("cuda")
         self.peaks[name] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
+        self.host_peaks[name] = host_peak_gb()
         self.state.set("peak_gpu_gb", self.peaks)
+        self.state.set("peak_host_gb", self.host_peaks)
 
     def _freeze(self) -> int:
         """Full-parameter training freezes as ``sft.train_layers`` says; with LoRA peft freezes the base weights
@@ -499,6 +506,7 @@ class TrainingRun:
         after = self.evaluations.get("after") or self.evaluate("after")
         summary = build_summary(self.cfg, before, after, self.timings, self.steps, self.trajectories, self.stats_rows)
         summary["peak_gpu_gb"] = self.peaks
+        summary["peak_host_gb"] = self.host_peaks
         if "sft" in self.evaluations:  # RL's own effect: the same questions after SFT and after RL
             summary["after_sft"] = {name: {k: v for k, v in part.items() if not isinstance(v, (list, dict))}
                                     for name, part in self.evaluations["sft"].items() if isinstance(part, dict)}

@@ -1,6 +1,7 @@
 """Training stages through TRL: one real DAPO step with a gradient check on retrieved tokens, resumable SFT,
 and the whole pipeline resumed after an interruption."""
 import json
+import resource
 
 import pytest
 import torch
@@ -162,6 +163,11 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     rollouts = [json.loads(line) for line in (tmp_path / "dapo_rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {0, 1}
     assert (tmp_path / "dapo" / "final").is_dir() and not list(tmp_path.glob("*/checkpoint-*"))
+    # each stage's record of the process's peak resident memory up to its end (both runs were this process's)
+    order, peaks = ["eval_before", "sft", "dapo", "eval_after"], summary["peak_host_gb"]
+    assert all(isinstance(peaks[k], float) and peaks[k] > 0.05 for k in order)
+    assert [peaks[k] for k in order] == sorted(peaks[k] for k in order)  # a peak so far never falls
+    assert peaks["eval_after"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20 + 0.01
 
     # the same folder with another config is refused (it would hand back this run's models), not resumed
     saved = (tmp_path / "train_config.json").read_text()
