@@ -262,18 +262,6 @@ def release_host_memory() -> bool:
     return True
 
 
-def host_peak_gb() -> float | None:
-    """This process's peak resident memory in GiB since it started (Linux's ``VmHWM``); None where ``/proc`` has no
-    such figure. Never reset here: resetting it (``/proc/self/clear_refs``) would also reset what GNU time and
-    ``getrusage`` report as the process's maximum."""
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
-    return None if kib is None else round(kib / 2**20, 2)
-
-
 def c_library_function(name: str):
     """The C library's function ``name`` (glibc's ``malloc_trim``, ``mallopt``), or None where it has none."""
     library = ctypes.util.find_library("c")

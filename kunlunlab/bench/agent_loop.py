@@ -16,7 +16,6 @@ step, the rollouts (summed from the stage's rollout log) and the rest (TRL's upd
 from __future__ import annotations
 
 import json
-import resource
 import tempfile
 import time
 from dataclasses import dataclass
@@ -98,6 +97,7 @@ class DapoStepBenchConfig:
 
 
 def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
+    from kunlunlab.retrieval.sharded import peak_rss_mb
     from kunlunlab.training.config import load_config
     from kunlunlab.training.pipeline import TrainingRun
 
@@ -122,4 +122,4 @@ def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
             "rollouts_generated_per_step": round(sum(r.get("generated", r["rollouts"]) for r in rollouts) / cfg.steps, 1),
             "overrides": cfg.overrides,
             "inference_dtype": config.inference_dtype,
-            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+            "peak_rss_gib": round(peak_rss_mb() / 1024, 2)}

@@ -36,11 +36,11 @@ from kunlunlab.agent.rollout import RolloutConfig
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.splits import TrainingData, load_splits
 from kunlunlab.eval.harness import AGENT_SETTINGS_FILE
-from kunlunlab.models import (host_peak_gb, load_llm, release_host_memory, resolve_device, resolve_model_dtype,
-                              resolve_train_bf16)
+from kunlunlab.models import load_llm, release_host_memory, resolve_device, resolve_model_dtype, resolve_train_bf16
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
+from kunlunlab.retrieval.sharded import peak_rss_mb
 from kunlunlab.retrieval.store import load_retriever, save_retriever
 from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
                                        load_config)
@@ -323,12 +323,12 @@ class TrainingRun:
 
     def _record_peak(self, name: str) -> None:
         """``state.json``'s ``peak_gpu_gb``: what ``name`` held at most on this process's GPU (None on a CPU), and
-        ``peak_host_gb``: this process's peak resident memory from its start to ``name``'s end (never reset, see
-        :func:`~kunlunlab.models.host_peak_gb`): the stage after which it last rises set the process's peak (issue
-        54: which stage of notebook 04 passes 8 GB). None off Linux."""
+        ``peak_host_gb``: this process's peak resident memory from its start to ``name``'s end (``ru_maxrss``,
+        never reset, as GNU time reads it): the stage after which it last rises set the process's peak (issue 54:
+        which stage of notebook 04 passes 8 GB)."""
         cuda = self.device.startswith("cuda")
         self.peaks[name] = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
-        self.host_peaks[name] = host_peak_gb()
+        self.host_peaks[name] = round(peak_rss_mb() / 1024, 2)
         self.state.set("peak_gpu_gb", self.peaks)
         self.state.set("peak_host_gb", self.host_peaks)
 
