@@ -57,7 +57,6 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig
 
 from kunlunlab.agent.backends import SamplingConfig, chat_prompt_ids
@@ -76,6 +75,7 @@ from kunlunlab.training.curriculum import Curriculum
 from kunlunlab.training.exploration import Explorer, trainer_class
 from kunlunlab.training.geometry import batch_plan, world_size_from_env
 from kunlunlab.training.progress import show_progress
+from kunlunlab.training.resume import train_from_last_checkpoint
 from kunlunlab.training.rewards import (RewardConfig, accuracy_score, budget_score, format_compliant, parse_completion,
                                         reward_functions, score)
 from kunlunlab.training.trl_cpu import reuse_head_tiles_on_cpu, score_labelled_positions_on_cpu
@@ -130,7 +130,8 @@ class SearchRollout:
         budget's ``dapo.max_rollouts`` counts. A resumed stage counts the logged steps before it resumed."""
         return (self._generated_before or 0) + sum(h.get("generated", h["rollouts"]) for h in self.history)
 
-    def _logged_generated(self, step: int) -> int:
+    def logged_generated(self, step: int) -> int:
+        """Rollouts the log records for the steps before ``step`` (a resumed stage's spent budget)."""
         if self.log_path is None or not self.log_path.is_file() or step == 0:
             return 0
         rows = {}  # a step rolled out again after an earlier resume: its last record counts
@@ -318,7 +319,7 @@ class SearchRollout:
             # first; a rollout_func must do it itself).
             trainer.accelerator.wait_for_everyone()
         if self._generated_before is None:
-            self._generated_before = self._logged_generated(trainer.state.global_step)
+            self._generated_before = self.logged_generated(trainer.state.global_step)
         drawn = gather_across(list(questions), processes)  # TRL's draw, every process's: the comparison's ledger
         if self.curriculum is not None:  # this step's curriculum stage (the staged reward's)
             self.curriculum.at_step(trainer)
@@ -497,9 +498,17 @@ class RolloutBudgetStop(TrainerCallback):
         self.per_call = cfg.prompts_per_step * cfg.num_generations
         self.stopped_at: int | None = None
 
+    def cannot_pay(self, step: int, generated: int) -> bool:
+        """After optimizer step ``step``, with ``generated`` rollouts spent: the next rollout call is due and the
+        budget cannot pay for it."""
+        return step % self.cfg.updates_per_generation == 0 and generated + self.per_call > self.cfg.max_rollouts
+
+    def spent_at(self, state) -> bool:
+        """A checkpoint's ``TrainerState`` at which the stage had stopped (the rollouts read from the log)."""
+        return self.cannot_pay(state.global_step, self.rollout.logged_generated(state.global_step))
+
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % self.cfg.updates_per_generation == 0 and \
-                self.rollout.generated() + self.per_call > self.cfg.max_rollouts:
+        if self.cannot_pay(state.global_step, self.rollout.generated()):
             if self.stopped_at is None:
                 log.info("RL stops at step %d: %d of the budget's %d rollouts used, a call costs %d",
                          state.global_step, self.rollout.generated(), self.cfg.max_rollouts, self.per_call)
@@ -531,15 +540,15 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
         if cfg.max_rollouts < cfg.prompts_per_step * cfg.num_generations:
             raise ValueError(f"dapo.max_rollouts={cfg.max_rollouts} pays for no rollout call of "
                              f"{cfg.prompts_per_step} x {cfg.num_generations}")
-        callbacks = [*(callbacks or []), RolloutBudgetStop(rollout_func, cfg)]
+        budget_stop = RolloutBudgetStop(rollout_func, cfg)
+        callbacks = [*(callbacks or []), budget_stop]
+    else:
+        budget_stop = None
     trainer = trainer_class(rollout_func)(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
                           args=grpo_args(cfg, rewards, output_dir, seed, reward_weights=None if reward_funcs is None
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout_func, callbacks=callbacks,
                           peft_config=peft_config)
     show_progress(trainer, "DAPO" if cfg.loss_type == "dapo" else f"RL ({cfg.loss_type})")
-    last = get_last_checkpoint(str(output_dir))
-    if last:
-        log.info("resuming DAPO from %s", last)
-    trainer.train(resume_from_checkpoint=last)
+    train_from_last_checkpoint(trainer, output_dir, "DAPO", finished=budget_stop.spent_at if budget_stop else None)
     return trainer

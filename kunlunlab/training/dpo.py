@@ -134,7 +134,7 @@ def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path
     with the adapter switched off, no copy). ``arg_overrides``: ``bf16``, ``deepspeed``, ``gradient_checkpointing``,
     ``report_to``."""
     from datasets import Dataset  # deferred: training.config imports this module
-    from transformers.trainer_utils import get_last_checkpoint  # deferred: training.config imports this module
+    from kunlunlab.training.resume import train_from_last_checkpoint  # deferred: it imports transformers
 
     from kunlunlab.training.progress import show_progress  # deferred: as transformers above
 
@@ -149,10 +149,7 @@ def run_dpo(model, tokenizer, pairs, cfg: DPOStageConfig, output_dir: str | Path
                                train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
                                peft_config=peft_config)
     show_progress(trainer, "DPO")
-    last = get_last_checkpoint(str(output_dir))
-    if last:
-        log.info("resuming DPO from %s", last)
-    trainer.train(resume_from_checkpoint=last)
+    train_from_last_checkpoint(trainer, output_dir, "DPO")
     return trainer
 
 

@@ -14,13 +14,13 @@ from typing import Sequence
 
 import torch
 from datasets import Dataset
-from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from kunlunlab.training.compat import checkpointing_args
 from kunlunlab.training.config import SFTStageConfig
 from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
 from kunlunlab.training.progress import show_progress
+from kunlunlab.training.resume import train_from_last_checkpoint
 from kunlunlab.training.trl_cpu import reuse_head_tiles_on_cpu, score_labelled_positions_on_cpu
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,5 @@ def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, se
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,
                          processing_class=tokenizer, callbacks=callbacks, peft_config=peft_config)
     show_progress(trainer, "SFT")
-    last = get_last_checkpoint(str(output_dir))
-    if last:
-        log.info("resuming SFT from %s", last)
-    trainer.train(resume_from_checkpoint=last)
+    train_from_last_checkpoint(trainer, output_dir, "SFT")
     return trainer

@@ -129,6 +129,22 @@ def test_the_rl_stage_stops_before_a_rollout_call_the_budget_cannot_pay_for(used
     assert control.should_training_stop is stops
 
 
+class _Logged:
+    """A rollout log of one call of 8 rollouts at every even step."""
+
+    def logged_generated(self, step):
+        return 8 * ((step + 1) // 2)
+
+
+@pytest.mark.parametrize("step, spent", [(4, False), (6, True), (5, False), (8, True)])
+def test_a_checkpoint_where_the_budget_had_stopped_the_stage_counts_as_its_end(step, spent):
+    """A run killed after its last checkpoint resumes there: whether the stage had ended is read from the
+    rollout log, so a resume does not buy one more call (table2.search_r1.s2 trained 9 updates on 40 rollouts)."""
+    cfg = DAPOStageConfig(steps=8, prompts_per_step=2, num_generations=4, updates_per_generation=2, max_rollouts=24)
+    # by step 4 the calls at steps 0 and 2 spent 16, one more fits; by step 6 24, none does; step 5 is mid-call
+    assert RolloutBudgetStop(_Logged(), cfg).spent_at(SimpleNamespace(global_step=step)) is spent
+
+
 @pytest.mark.slow
 def test_two_arms_trained_through_the_comparison_ran_alike(tmp_path, tiny_model):
     """kunlun's plain agent (dynamic sampling) and Search-R1 (none), trained at smoke size under one budget: the

@@ -35,6 +35,17 @@ class InterruptAt(TrainerCallback):
             raise Interrupt(f"killed at step {self.step}")
 
 
+class InterruptAfterSave(TrainerCallback):
+    """Simulates a run killed after it wrote the checkpoint of step ``step`` (its last), before the stage ended."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Interrupt(f"killed after saving step {self.step}")
+
+
 @pytest.mark.slow
 def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, questions, bm25, tmp_path):
     from kunlunlab.models import load_llm
@@ -148,6 +159,11 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     assert state["sft_done"] and not state.get("dapo_done") and "eval_before" in state
     assert (tmp_path / "dapo" / "checkpoint-1").is_dir()  # the interrupted stage can resume; the finished one
     assert (tmp_path / "sft" / "final").is_dir() and not list((tmp_path / "sft").glob("checkpoint-*"))  # need not
+    # resumed, and killed again once the last step's checkpoint is on disk: the next resume trains nothing more
+    with pytest.raises(Interrupt):
+        train(cfg, tmp_path, dapo_callbacks=[InterruptAfterSave(2)])
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert (tmp_path / "dapo" / "checkpoint-2").is_dir() and not state.get("dapo_done")
 
     from kunlunlab.cli import main
 
