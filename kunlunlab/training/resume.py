@@ -25,14 +25,17 @@ TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, i
 def train_from_last_checkpoint(trainer, output_dir: str | Path, stage: str,
                                finished: Callable[[TrainerState], bool] | None = None) -> None:
     """Trains ``trainer`` from the last ``checkpoint-*`` in ``output_dir`` (from the start where there is none).
-    A checkpoint at the stage's end (its ``global_step`` at ``max_steps``, or ``finished(state)`` true: the RL
-    rollout budget spent) is loaded, not trained on."""
+    A checkpoint at the stage's end (its ``global_step`` at this trainer's ``max_steps``, or ``finished(state)``
+    true: the RL rollout budget spent) is loaded, not trained on. A stage given more steps than the checkpoint's
+    run trains on to them; one counted in epochs (``max_steps`` -1) is left to the Trainer, which skips epochs it
+    finished."""
     last = get_last_checkpoint(str(output_dir))
     if last is None:
         trainer.train()
         return
     state = TrainerState.load_from_json(os.path.join(last, TRAINER_STATE_FILE))
-    if state.global_step >= state.max_steps > 0 or (finished is not None and finished(state)):
+    at_end = 0 < trainer.args.max_steps <= state.global_step
+    if at_end or (finished is not None and finished(state)):
         log.info("%s had finished at %s (step %d): read back, not trained on", stage, last, state.global_step)
         trainer._load_from_checkpoint(last)  # the weights (a LoRA adapter too), as Trainer.train's resume loads them
         trainer.state = state
