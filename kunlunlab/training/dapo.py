@@ -536,14 +536,13 @@ def run_dapo(model, tokenizer, dataset, rollout_func: SearchRollout, cfg: DAPOSt
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    budget_stop = None
     if cfg.max_rollouts is not None:
         if cfg.max_rollouts < cfg.prompts_per_step * cfg.num_generations:
             raise ValueError(f"dapo.max_rollouts={cfg.max_rollouts} pays for no rollout call of "
                              f"{cfg.prompts_per_step} x {cfg.num_generations}")
         budget_stop = RolloutBudgetStop(rollout_func, cfg)
         callbacks = [*(callbacks or []), budget_stop]
-    else:
-        budget_stop = None
     trainer = trainer_class(rollout_func)(model=model, reward_funcs=reward_funcs or reward_functions(rewards),
                           args=grpo_args(cfg, rewards, output_dir, seed, reward_weights=None if reward_funcs is None
                                          else [1.0] * len(reward_funcs), **arg_overrides), train_dataset=dataset,

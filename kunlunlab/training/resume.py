@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from transformers import TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
 log = logging.getLogger(__name__)
-
-TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, in every checkpoint folder
 
 
 def train_from_last_checkpoint(trainer, output_dir: str | Path, stage: str,
@@ -33,7 +32,7 @@ def train_from_last_checkpoint(trainer, output_dir: str | Path, stage: str,
     if last is None:
         trainer.train()
         return
-    state = TrainerState.load_from_json(os.path.join(last, TRAINER_STATE_FILE))
+    state = TrainerState.load_from_json(os.path.join(last, TRAINER_STATE_NAME))
     at_end = 0 < trainer.args.max_steps <= state.global_step
     if at_end or (finished is not None and finished(state)):
         log.info("%s had finished at %s (step %d): read back, not trained on", stage, last, state.global_step)

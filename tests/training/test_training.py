@@ -25,24 +25,18 @@ class Interrupt(Exception):
 
 
 class InterruptAt(TrainerCallback):
-    """Simulates a killed run: raises after optimizer step ``step`` (checkpoints up to then exist)."""
+    """Simulates a killed run: raises after optimizer step ``step`` (checkpoints up to then exist) or, with
+    ``after_save``, once that step's checkpoint is written (before the stage ends)."""
 
-    def __init__(self, step):
-        self.step = step
+    def __init__(self, step, after_save=False):
+        self.step, self.after_save = step, after_save
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+        if state.global_step == self.step and not self.after_save:
             raise Interrupt(f"killed at step {self.step}")
 
-
-class InterruptAfterSave(TrainerCallback):
-    """Simulates a run killed after it wrote the checkpoint of step ``step`` (its last), before the stage ended."""
-
-    def __init__(self, step):
-        self.step = step
-
     def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+        if state.global_step == self.step and self.after_save:
             raise Interrupt(f"killed after saving step {self.step}")
 
 
@@ -161,7 +155,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     assert (tmp_path / "sft" / "final").is_dir() and not list((tmp_path / "sft").glob("checkpoint-*"))  # need not
     # resumed, and killed again once the last step's checkpoint is on disk: the next resume trains nothing more
     with pytest.raises(Interrupt):
-        train(cfg, tmp_path, dapo_callbacks=[InterruptAfterSave(2)])
+        train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2, after_save=True)])
     state = json.loads((tmp_path / "state.json").read_text())
     assert (tmp_path / "dapo" / "checkpoint-2").is_dir() and not state.get("dapo_done")
 
