@@ -73,7 +73,10 @@ display(HTML(config_table_html(cfg.to_dict(), TrainConfig().to_dict())))
 # `TrainingRun` loads the data (a synthetic world's training and held-out questions, and the HotpotQA
 # distractor sample split into training and held-out halves), builds the retriever and loads the model. It
 # refuses a run folder that holds a run of a *different* config: resuming there would silently hand back
-# the other run's models.
+# the other run's models. make run's config trains SFT and DAPO each in a process of its own
+# (`own_process_stages`): on a CPU a process keeps the holes its training leaves in the heap until it exits, so
+# this kernel reads each stage's final model back instead of growing from the stage's peak (docs/training.md,
+# "Memory on CPU"); the stage's bar and lines are shown here all the same.
 
 # %%
 run = TrainingRun(cfg, run_dir, progress=print)

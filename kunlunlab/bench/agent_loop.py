@@ -107,7 +107,8 @@ def bench_dapo_step(cfg: DapoStepBenchConfig) -> dict:
                          "train_config.json)")
     config = load_config(source / "train_config.json",
                          [f"model={source / 'sft' / 'final'}", "sft.enabled=false", f"dapo.steps={cfg.steps}",
-                          f"dapo.save_steps={cfg.steps}", "eval.before=false", *cfg.overrides.split()])
+                          f"dapo.save_steps={cfg.steps}", "eval.before=false",
+                          "own_process_stages=[]", *cfg.overrides.split()])  # timed and measured in this process
     with tempfile.TemporaryDirectory() as tmp:
         run = TrainingRun(config, Path(tmp) / "run")
         start = time.perf_counter()

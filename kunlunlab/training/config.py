@@ -36,6 +36,8 @@ AGENT_METHODS = NamesView(lambda: ("kunlun", "agent", *PEER_METHODS))
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 TRACKERS = ("tensorboard", "wandb")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+OWN_PROCESS_STAGES = ("sft", "prl", "dapo")  # the training stages TrainingRun can run in a child process
+PROCESS_ONLY_FIELDS = ("own_process_stages",)  # which process trains a stage: the same run either way
 
 
 @dataclass
@@ -268,6 +270,10 @@ class TrainConfig:
     heap_keep_gb: float = non_negative(1.0)  # on a CPU: TRL's LM-head tiles taken from the heap, and up to this many
                                      # GB of freed memory kept at its top for the next step's (kunlunlab/training/
                                      # cpu_heap.py); 0: malloc left as it is
+    own_process_stages: list[str] = field(default_factory=list)  # training stages (sft, prl, dapo) that run each
+                                     # in a child process which returns its whole heap when it exits; the run reads
+                                     # the stage's final model back (kunlunlab/training/own_process.py); one
+                                     # process only (no accelerate), no trainer callbacks from the caller
     seed: int = non_negative(0)
     bf16: bool | Literal["auto"] = False  # bf16 autocast in training; "auto": where the hardware has native bf16
     device: str = "auto"             # where the model lives: auto (CUDA when present; under accelerate this
@@ -299,6 +305,9 @@ class TrainConfig:
         unknown = sorted(set(self.report_to) - set(TRACKERS))
         if unknown:
             raise ValueError(f"report_to: unknown tracker(s) {unknown}; choose from {list(TRACKERS)}")
+        unknown = sorted(set(self.own_process_stages) - set(OWN_PROCESS_STAGES))
+        if unknown:
+            raise ValueError(f"own_process_stages: unknown stage(s) {unknown}; choose from {list(OWN_PROCESS_STAGES)}")
         if self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"model_dtype must be one of {MODEL_DTYPES}, got {self.model_dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -382,10 +391,11 @@ def inert_fields(cfg: TrainConfig) -> dict[str, str]:
 
 
 def effective_settings(cfg: TrainConfig) -> dict:
-    """``cfg``'s values by dotted path, less the fields its settings make inert: two configs with the same
-    effective settings train and evaluate alike."""
+    """``cfg``'s values by dotted path, less the fields its settings make inert and those that say only how a
+    run uses the machine (:data:`PROCESS_ONLY_FIELDS`): two configs with the same effective settings train and
+    evaluate alike."""
     inert = inert_fields(cfg)
-    return {path: value for path, value in _values(cfg).items() if path not in inert}
+    return {path: value for path, value in _values(cfg).items() if path not in inert and path not in PROCESS_ONLY_FIELDS}
 
 
 def drop_moved_keys(data: dict) -> tuple[dict, list[str]]:

@@ -187,6 +187,11 @@ class TrajectoryExample:
         d.update(searches=self.searches)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrajectoryExample":
+        """What :meth:`to_dict` wrote (``searches`` is derived, not stored)."""
+        return cls(**{k: v for k, v in d.items() if k != "searches"})
+
 
 def _search_turn(think: str, queries: list[str]) -> str:
     body = " ".join(f"<query>{q}</query>" for q in queries)

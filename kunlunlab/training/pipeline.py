@@ -50,7 +50,8 @@ from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
 from kunlunlab.training.dpo import run_dpo
 from kunlunlab.training.evaluation import agent_settings, heldout_evaluation
 from kunlunlab.training.geometry import BatchPlan, batch_plan, world_size_from_env
-from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, data_stats, mix, schedule
+from kunlunlab.training.mixing import RealSource, TrajectoryBuilder, TrajectoryExample, data_stats, mix, schedule
+from kunlunlab.training.own_process import run_in_own_process
 from kunlunlab.training.preferences import collect_preferences, read_preferences
 from kunlunlab.training.peer_data import render_all
 from kunlunlab.training.records import build_summary, write_log
@@ -156,6 +157,11 @@ def mix_training_data(cfg: TrainConfig, data: TrainingData, retriever=None, real
     return render_all(trajectories, get_protocol(cfg.agent.protocol), cfg.max_result_chars)
 
 
+def read_trajectories(path: Path) -> list[TrajectoryExample]:
+    """The mixed trajectories :meth:`TrainingRun.mix` wrote, read back."""
+    return [TrajectoryExample.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line]
+
+
 def rollout_config(cfg: TrainConfig) -> RolloutConfig:
     """The agent's budgets in training rollouts (DAPO's and the PRL tree search's): the run's top-k and searches
     where it states them (a comparison's budget, every arm alike), else its protocol's declared ones."""
@@ -230,13 +236,20 @@ class TrainingRun:
         run = TrainingRun(cfg, run_dir)       # data, retriever and model; refuses a folder of another config
         run.evaluate("before"); run.mix(); run.sft(); run.dapo(); run.evaluate("after"); run.finish()
 
-    Every stage resumes: a finished one is read back from ``state.json`` and ``<stage>/final``."""
+    Every stage resumes: a finished one is read back from ``state.json`` and ``<stage>/final``. A stage in
+    ``cfg.own_process_stages`` trains in a child process (:mod:`kunlunlab.training.own_process`) and is then read
+    back the same way; ``in_child``: this is that child, which trains the stage here."""
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
-                 sft_callbacks: list | None = None, dapo_callbacks: list | None = None):
-
-
+                 sft_callbacks: list | None = None, dapo_callbacks: list | None = None, in_child: bool = False):
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.plan = training_plan(cfg)  # an inconsistent batch geometry stops here, before anything loads
+        self.own_process_stages = set() if in_child else set(cfg.own_process_stages)
+        if self.own_process_stages and (sft_callbacks or dapo_callbacks):
+            raise ValueError("own_process_stages: a stage in its own process cannot call this process's trainer "
+                             "callbacks; set own_process_stages=[] to pass callbacks")
+        if self.own_process_stages and self.plan.world_size > 1:
+            raise ValueError(f"own_process_stages: a run of {self.plan.world_size} processes (accelerate) trains "
+                             "each stage in its launched processes; set own_process_stages=[]")
         self.device = self.plan.device
         self.say = progress or (lambda msg: log.info(msg))
         self.sft_callbacks, self.dapo_callbacks = sft_callbacks, dapo_callbacks
@@ -266,11 +279,16 @@ class TrainingRun:
         self.evaluations: dict[str, dict] = {}
         self.trajectories: list | None = None
         self.stats_rows: list[dict] = []
+        self._read_state_records()
+        self._frozen = False
+
+    def _read_state_records(self) -> None:
+        """The stages' seconds, steps and peaks as ``state.json`` holds them (again after a child process wrote it)."""
         self.timings = self.state.get("seconds", {})
         self.steps = self.state.get("steps", {})
         self.peaks = self.state.get("peak_gpu_gb", {})  # stage or evaluation -> its peak GPU memory (None on a CPU)
-        self.host_peaks = self.state.get("peak_host_gb", {})  # stage or evaluation -> the process's peak RSS up to its end
-        self._frozen = False
+        # stage or evaluation -> the peak RSS of the process that ran it, up to its end
+        self.host_peaks = self.state.get("peak_host_gb", {})
 
     def evaluate(self, tag: str) -> dict:
         """EM / F1 / format compliance of the current model on the held-out world and HotpotQA questions."""
@@ -405,6 +423,7 @@ class TrainingRun:
         if self.trajectories is None:
             self.mix()
         final = self.run_dir / "sft" / "final"
+        self._train_in_own_process("sft")
         if self.state.get("sft_done"):
             self.model, self.tok = self._load(final)
             self._freeze()
@@ -423,13 +442,39 @@ class TrainingRun:
 
     def _resumed(self, stage: str) -> bool:
         """A stage after SFT that already finished: its final model is loaded and True returned. Otherwise the
-        model is frozen as SFT froze it (when SFT did not run in this process) and False returned."""
+        model is frozen as SFT froze it (when SFT did not run in this process) and False returned. A stage of
+        ``own_process_stages`` is trained in its child process first, then read back."""
+        self._train_in_own_process(stage)
         if self.state.get(f"{stage}_done"):
             self.model, self.tok = self._load(self.run_dir / stage / "final")
             return True
         if not self._frozen:
             self._freeze()
         return False
+
+    def _train_in_own_process(self, stage: str) -> None:
+        """``stage``, when it is one of ``own_process_stages`` and unfinished, trained by a child process; this
+        process lets go of its model first (the caller reads the stage's final model back)."""
+        if stage not in self.own_process_stages or self.state.get(f"{stage}_done"):
+            return
+        self.model = None
+        release_host_memory()
+        run_in_own_process(self.run_dir, stage, self.say)
+        self.state = RunState(self.run_dir, writer=self.main_process)
+        self._read_state_records()
+
+    def train_stage_here(self, stage: str) -> None:
+        """The child's side: ``stage`` trained in this process from the model the run's last finished stage
+        left (SFT from the base model, on the trajectories the parent mixed, ``trajectories.jsonl``)."""
+        if stage == "sft":
+            self.trajectories = read_trajectories(self.run_dir / "trajectories.jsonl")
+            self.sft()
+            return
+        for earlier in ("prl", "sft"):
+            if self.state.get(f"{earlier}_done"):
+                self.model, self.tok = self._load(self.run_dir / earlier / "final")
+                break
+        getattr(self, stage)()
 
     def _rollout_config(self):
         return rollout_config(self.cfg)

@@ -144,8 +144,10 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
 
     # what a run does, not what it learns: a tiny random model (conftest.py) generates fast to every budget
     # the long-answer evaluation too (the smoke size leaves it out)
+    # every stage in this process: the callbacks interrupt it, and its peaks are this process's (the
+    # own-process route has its own test below)
     overrides = {**SMOKE_OVERRIDES, "dapo.steps": 2, "dapo.save_steps": 1, "hotpot": False, "eval.summary_questions": 1,
-                 "model": tiny_model}
+                 "model": tiny_model, "own_process_stages": []}
     cfg = load_config("experiments/configs/training/train_embedded_cpu.json", overrides)
     with pytest.raises(Interrupt):
         train(cfg, tmp_path, dapo_callbacks=[InterruptAt(2)])
@@ -163,7 +165,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
 
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
                  "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1",
-                 f"model={tiny_model}"]) == 0
+                 f"model={tiny_model}", "own_process_stages=[]"]) == 0
     summary = json.loads((tmp_path / "training_summary.json").read_text())
     for key in ("em_before", "em_after", "f1_before", "f1_after", "format_compliance_before",
                 "format_compliance_after", "steps", "seconds"):
@@ -184,7 +186,7 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
     capsys.readouterr()
     assert main(["train", "--config", "experiments/configs/training/train_embedded_cpu.json", "--run-dir", str(tmp_path),
                  "--smoke", "--set", "dapo.steps=2", "dapo.save_steps=1", "hotpot=false", "eval.summary_questions=1",
-                 f"model={tiny_model}", "sft.learning_rate=1e-4"]) == 2
+                 f"model={tiny_model}", "own_process_stages=[]", "sft.learning_rate=1e-4"]) == 2
     assert "holds a training run of another config (differs in ['sft']" in capsys.readouterr().err  # bad input: exit 2
     assert (tmp_path / "train_config.json").read_text() == saved
 
