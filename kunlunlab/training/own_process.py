@@ -3,8 +3,9 @@
 Why (issue 54): on a CPU, torch frees a stage's activations into glibc's heap, whose holes stay resident and which
 the next stage in the same process grows from. In notebook 04 (make run's recipe, 2-core EPYC, 2026-12-03) the
 8 DAPO steps after SFT raised the kernel's peak from 6.41 GiB after SFT to 7.86 GiB, while the same steps from
-the SFT checkpoint in a fresh process peaked at 4.69 GiB; glibc's ``MALLOC_ARENA_MAX=1`` left the peak at 7.11 GiB
-and made the steps 28 % slower (456.5 s against 356.6 s). A child process gives its whole heap back when it
+the SFT checkpoint in a fresh process peaked at 4.69 GiB. Tried instead: glibc's ``MALLOC_ARENA_MAX=1`` (one heap
+for every thread), under which ``kunlunlab train`` of the same recipe still peaked at 7.11 GiB in DAPO (5.61 after
+SFT) and its 8 DAPO steps took 456.5 s against the notebook's 356.6 s. A child process gives its whole heap back when it
 exits: the parent drops its model, waits, and reads the finished stage back from ``<stage>/final`` as it reads
 any finished stage (:class:`~kunlunlab.training.pipeline.TrainingRun`). What the child prints reaches the
 parent's ``say`` line by line; its progress bar is redrawn in the parent from events
