@@ -350,7 +350,7 @@ def _run_series(series: list[Path], run_dir: Path, smoke: bool, params: dict[str
         if path.stem == TRAINING_NOTEBOOK and record["ok"]:
             trained = trained_model(run_dir / path.stem)
         print(f"[run] {path.stem}: {'ok' if record['ok'] else 'FAILED: ' + record['error']} ({record['seconds']} s, "
-              f"peak {record['peak_rss_gb']} GB resident; "
+              f"peak {record['peak_rss_gb']} GiB resident; "
               f"executed copy {record['executed']})", flush=True)
         records.append(record)
 
@@ -365,7 +365,7 @@ def _write_summary(run_dir: Path, smoke: bool, records: list[dict], interrupted:
     lines = [f"# Run {run_dir.name}", ""]
     for r in records:
         lines.append(f"## {r['notebook']} — {'ok' if r['ok'] else 'FAILED'} in {r['seconds']} s, "
-                     f"peak {r['peak_rss_gb']} GB resident")
+                     f"peak {r['peak_rss_gb']} GiB resident")
         metrics = dict(r.get("metrics") or {})
         tables = metrics.pop("tables", {})
         for key, value in metrics.items():

@@ -137,7 +137,7 @@ def test_each_notebook_reports_its_peak_resident_memory(tmp_path, monkeypatch):
                                 "held = np.ones(400_000_000 // 8)  # 400 MB, touched\ntime.sleep(2)")
     record = summary["notebooks"][0]
     assert record["ok"] and 0.4 * 1e9 / 2**30 <= record["peak_rss_gb"] < 4  # the array and a kernel, not more
-    assert f"peak {record['peak_rss_gb']} GB resident" in (tmp_path / "run" / "summary.md").read_text()
+    assert f"peak {record['peak_rss_gb']} GiB resident" in (tmp_path / "run" / "summary.md").read_text()
 
 
 # ---------------------------------------------------------------------------- parameters checked before the run
