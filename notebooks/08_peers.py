@@ -73,7 +73,9 @@ if smoke:  # the test suite's run: kunlun under DAPO and GRPO and one peer, two 
 study = load_comparison(comparison)
 if budget or base_model is not None:
     study = study.resized({**budget, **({"model": base_model} if base_model is not None else {})})
-every_arm = {"device": device, **(comparison_smoke_overrides(SMOKE_OVERRIDES) if smoke else {})}
+# one checkpoint per RL stage at this size (a checkpoint costs ~6 s here and does not change what an arm trains)
+every_arm = {"device": device, "dapo.save_steps": study.budget["dapo.steps"],
+             **(comparison_smoke_overrides(SMOKE_OVERRIDES) if smoke else {})}
 run_dir = notebook_run_dir(run_dir, "08_peers")
 n_resamples = 200 if smoke else 2000
 print("run folder:", run_dir)

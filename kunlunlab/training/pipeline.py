@@ -229,6 +229,14 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def stage_start_model(run_dir: str | Path, stage: str) -> Path | None:
+    """The model ``stage`` starts from: the final model of the run's last finished stage before it (PRL, then
+    SFT), or None for the base model (SFT, or a run whose earlier stages are off)."""
+    state = RunState(Path(run_dir), writer=False)
+    earlier = {"sft": (), "prl": ("sft",), "dapo": ("prl", "sft")}[stage]
+    return next((Path(run_dir) / name / "final" for name in earlier if state.get(f"{name}_done")), None)
+
+
 class TrainingRun:
     """One training run folder and its stages, callable one at a time (notebook 04 shows each with its
     curves) or all in order by :func:`train`:
@@ -240,7 +248,10 @@ class TrainingRun:
     ``cfg.own_process_stages`` trains in a child process (:mod:`kunlunlab.training.own_process`) and is then read
     back the same way; ``in_child``: this is that child, which trains the stage here."""
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None] | None = None,
-                 sft_callbacks: list | None = None, dapo_callbacks: list | None = None, in_child: bool = False):
+                 sft_callbacks: list | None = None, dapo_callbacks: list | None = None, in_child: bool = False,
+                 start_model: str | Path | None = None):
+        """``start_model``: the model to load instead of ``cfg.model`` (a stage's child process starts from the
+        final model of the run's last finished stage, :func:`stage_start_model`)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.plan = training_plan(cfg)  # an inconsistent batch geometry stops here, before anything loads
         self.own_process_stages = set() if in_child else set(cfg.own_process_stages)
@@ -275,7 +286,8 @@ class TrainingRun:
         self.retriever = shared_retriever(self.data.passages, self.index, self.run_dir / "index" / "world")
         self._eval_indexes: dict = {}  # other corpora's evaluation retrievers, by held-out set
         self.real_retriever = real_retriever(cfg)  # cfg.retrieval's service or saved index, else None
-        self.model, self.tok = load_llm(cfg.model, dtype=self.plan.model_dtype, device=self.device)
+        self.model, self.tok = load_llm(str(start_model) if start_model else cfg.model, dtype=self.plan.model_dtype,
+                                        device=self.device)
         self.evaluations: dict[str, dict] = {}
         self.trajectories: list | None = None
         self.stats_rows: list[dict] = []
@@ -464,16 +476,10 @@ class TrainingRun:
         self._read_state_records()
 
     def train_stage_here(self, stage: str) -> None:
-        """The child's side: ``stage`` trained in this process from the model the run's last finished stage
-        left (SFT from the base model, on the trajectories the parent mixed, ``trajectories.jsonl``)."""
+        """The child's side: ``stage`` trained in this process from the model it was made with
+        (:func:`stage_start_model`); SFT on the trajectories the parent mixed (``trajectories.jsonl``)."""
         if stage == "sft":
             self.trajectories = read_trajectories(self.run_dir / "trajectories.jsonl")
-            self.sft()
-            return
-        for earlier in ("prl", "sft"):
-            if self.state.get(f"{earlier}_done"):
-                self.model, self.tok = self._load(self.run_dir / earlier / "final")
-                break
         getattr(self, stage)()
 
     def _rollout_config(self):

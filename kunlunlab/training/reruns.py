@@ -21,7 +21,7 @@ from kunlunlab.configs import apply_overrides, leaf_values, read_config_file
 from kunlunlab.paths import PROJECT_ROOT
 from kunlunlab.training.comparison import (Comparison, check_ledgers, read_ledger, recipe_differences,
                                            write_ledger)
-from kunlunlab.training.config import TrainConfig, config_from_dict
+from kunlunlab.training.config import PROCESS_ONLY_FIELDS, TrainConfig, config_from_dict
 from kunlunlab.training.pipeline import RunFolderConflict, RunState, train
 
 RUN_CONFIGS = PROJECT_ROOT / "experiments" / "configs" / "runs"
@@ -133,8 +133,10 @@ RL_SIDE = ("dapo.", "rewards.", "eval.", "prl.", "report_to")
 
 
 def sft_fingerprint(cfg: TrainConfig) -> str:
-    """What decides an arm's SFT model: every config value but the RL stage's, its reward's and its evaluation's."""
-    values = {k: v for k, v in leaf_values(cfg.to_dict()).items() if not k.startswith(RL_SIDE)}
+    """What decides an arm's SFT model: every config value but the RL stage's, its reward's, its evaluation's and
+    those that say only how the run uses the machine (which process trains, how often it saves)."""
+    values = {k: v for k, v in leaf_values(cfg.to_dict()).items()
+              if not k.startswith(RL_SIDE) and k not in PROCESS_ONLY_FIELDS}
     return json.dumps(values, sort_keys=True, default=str)
 
 

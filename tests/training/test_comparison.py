@@ -229,3 +229,13 @@ def test_an_rl_variant_in_another_lane_shares_its_source_s_sft_once_that_has_fin
     assert (runs / "c.kunlun_grpo.s0" / "eval_sft_world.jsonl").read_text().count("\n") == 2
     ledger = json.loads((runs / "c.kunlun_grpo.s0" / "budget_ledger.json").read_text())
     assert (ledger["sft_samples"], ledger["sft_from"]) == (["q1", "q2"], "c.kunlun.s0")
+
+
+def test_arms_that_differ_only_in_how_they_use_the_machine_share_one_sft():
+    from kunlunlab.training.reruns import sft_fingerprint
+
+    base = config_from_dict({})
+    other_process = config_from_dict(apply_overrides({}, {"sft.save_steps": 7, "own_process_stages": ["sft"]}))
+    other_sft = config_from_dict(apply_overrides({}, {"sft.learning_rate": 1e-4}))
+    assert sft_fingerprint(base) == sft_fingerprint(other_process)
+    assert sft_fingerprint(base) != sft_fingerprint(other_sft)

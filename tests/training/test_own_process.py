@@ -43,6 +43,12 @@ def test_sft_and_dapo_train_in_child_processes_and_the_run_reads_them_back(tmp_p
     assert set(state["seconds"]) >= {"sft", "dapo"}  # the children's records, kept when the parent wrote after them
     dapo_weights = load_llm(str(tmp_path / "dapo" / "final"))[0].state_dict()
     assert all(torch.equal(value, dapo_weights[name]) for name, value in run.model.state_dict().items())
+    # the DAPO child trained on from SFT's model, not the base model: its weights moved a little from SFT's
+    base_weights = load_llm(tiny_model)[0].state_dict()
+    trained = [name for name in sft_weights if not torch.equal(sft_weights[name], base_weights[name])]
+    assert trained
+    assert all((dapo_weights[n] - sft_weights[n]).abs().max() < (sft_weights[n] - base_weights[n]).abs().max()
+               for n in trained)
     # the children's lines reached the parent's progress; their bars were redrawn here (tqdm writes to stderr)
     assert any(line.startswith("SFT done: 2 steps") for line in said)
     assert any(line.startswith("DAPO done: 1 steps") for line in said)

@@ -189,6 +189,13 @@ def test_pipeline_resumes_mid_dapo_and_writes_the_summary(tmp_path, monkeypatch,
                  f"model={tiny_model}", "own_process_stages=[]", "sft.learning_rate=1e-4"]) == 2
     assert "holds a training run of another config (differs in ['sft']" in capsys.readouterr().err  # bad input: exit 2
     assert (tmp_path / "train_config.json").read_text() == saved
+    # ... while a config that differs only in how the run uses the machine (how often a stage saves, which process
+    # trains it) holds the same run and resumes there
+    from kunlunlab.training.pipeline import check_run_folder
+
+    check_run_folder(load_config("experiments/configs/training/train_embedded_cpu.json",
+                                 {**overrides, "dapo.save_steps": 2, "sft.save_steps": 7, "own_process_stages": ["sft"]}),
+                     tmp_path)
 
 
 def test_config_file_and_overrides_are_validated(tmp_path):
