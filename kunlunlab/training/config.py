@@ -36,7 +36,7 @@ AGENT_METHODS = NamesView(lambda: ("kunlun", "agent", *PEER_METHODS))
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 TRACKERS = ("tensorboard", "wandb")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
-OWN_PROCESS_STAGES = ("sft", "prl", "dapo")  # the training stages TrainingRun can run in a child process
+OWN_PROCESS_STAGES = ("sft", "prl", "dapo")  # the training stages, in the order they run; each can run in a child process
 # How a run uses the machine, not what it trains: which process trains a stage, and how often a stage writes a
 # checkpoint to resume from (a checkpoint of the embedded model, weights and Adam state, costs ~6 s on 2 cores).
 # A run folder resumes under other values of these.

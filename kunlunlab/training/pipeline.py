@@ -42,8 +42,8 @@ from kunlunlab.retrieval.factory import open_retriever
 from kunlunlab.retrieval.retriever import IndexConfig, build_retriever
 from kunlunlab.retrieval.sharded import peak_rss_mb
 from kunlunlab.retrieval.store import load_retriever, save_retriever
-from kunlunlab.training.config import (TrainConfig, apply_overrides, config_from_dict, effective_settings,
-                                       load_config)
+from kunlunlab.training.config import (OWN_PROCESS_STAGES as STAGES, TrainConfig, apply_overrides,
+                                       config_from_dict, effective_settings, load_config)
 from kunlunlab.training.comparison import budget_ledger, write_ledger
 from kunlunlab.training.cpu_heap import keep_freed_memory
 from kunlunlab.training.dapo import SearchRollout, rl_dataset, run_dapo
@@ -229,14 +229,6 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def stage_start_model(run_dir: str | Path, stage: str) -> Path | None:
-    """The model ``stage`` starts from: the final model of the run's last finished stage before it (PRL, then
-    SFT), or None for the base model (SFT, or a run whose earlier stages are off)."""
-    state = RunState(Path(run_dir), writer=False)
-    earlier = {"sft": (), "prl": ("sft",), "dapo": ("prl", "sft")}[stage]
-    return next((Path(run_dir) / name / "final" for name in earlier if state.get(f"{name}_done")), None)
-
-
 class TrainingRun:
     """One training run folder and its stages, callable one at a time (notebook 04 shows each with its
     curves) or all in order by :func:`train`:
@@ -251,7 +243,7 @@ class TrainingRun:
                  sft_callbacks: list | None = None, dapo_callbacks: list | None = None, in_child: bool = False,
                  start_model: str | Path | None = None):
         """``start_model``: the model to load instead of ``cfg.model`` (a stage's child process starts from the
-        final model of the run's last finished stage, :func:`stage_start_model`)."""
+        final model of the run's last finished stage, :func:`trained_model` with ``before``)."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.plan = training_plan(cfg)  # an inconsistent batch geometry stops here, before anything loads
         self.own_process_stages = set() if in_child else set(cfg.own_process_stages)
@@ -477,7 +469,8 @@ class TrainingRun:
 
     def train_stage_here(self, stage: str) -> None:
         """The child's side: ``stage`` trained in this process from the model it was made with
-        (:func:`stage_start_model`); SFT on the trajectories the parent mixed (``trajectories.jsonl``)."""
+        (``trained_model(run_dir, before=stage)``); SFT on the trajectories the parent mixed
+        (``trajectories.jsonl``)."""
         if stage == "sft":
             self.trajectories = read_trajectories(self.run_dir / "trajectories.jsonl")
         getattr(self, stage)()
@@ -583,9 +576,11 @@ def train(cfg: TrainConfig, run_dir: str | Path, progress: Callable[[str], None]
     return run.finish()
 
 
-def trained_model(run_dir: str | Path) -> Path | None:
-    """The final model of a training run folder: the last stage that finished (DAPO, PRL, SFT), else None."""
-    for stage in ("dapo", "prl", "sft"):
+def trained_model(run_dir: str | Path, before: str | None = None) -> Path | None:
+    """The final model of a training run folder: the last stage that finished (DAPO, PRL, SFT), else None.
+    ``before``: the last that finished before that stage, the model it starts from (None: the base model)."""
+    stages = STAGES if before is None else STAGES[:STAGES.index(before)]
+    for stage in reversed(stages):
         final = Path(run_dir) / stage / "final"
         if (final / "config.json").is_file():
             return final

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kunlunlab.training.config import OWN_PROCESS_STAGES, load_config
-from kunlunlab.training.pipeline import TrainingRun, stage_start_model
+from kunlunlab.training.pipeline import TrainingRun, trained_model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     run = TrainingRun(load_config(Path(run_dir) / "train_config.json"), run_dir, progress=print, in_child=True,
-                      start_model=stage_start_model(run_dir, stage))
+                      start_model=trained_model(run_dir, before=stage))
     run.train_stage_here(stage)
     return 0
 
