@@ -48,11 +48,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 
 import torch
-from trl import GRPOTrainer
 
 from kunlunlab.agent.backends import SamplingConfig, text_ids
 from kunlunlab.agent.protocols.base import ExplorationSpec
 from kunlunlab.agent.rollout import RolloutEngine, Trajectory
+from kunlunlab.training.micro_batches import TrimmedGRPOTrainer
 
 SCALE, FLOOR = "exploration_scale", "exploration_floor"  # the rollout's extra fields: q = SCALE x pi_old + FLOOR
 MIN_TOKENS_LEFT = 16  # a probe needs room to continue after its prompt (the engine's own margin for a block)
@@ -305,13 +305,13 @@ def _merge(t: Trajectory, cut: _Cut, prompt: str, prompt_ids: list[int], c: Traj
     return p
 
 
-class ExplorationGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` with REX-RAG's policy correction: where the rollout returned the behaviour distribution's
-    terms (:data:`SCALE`, :data:`FLOOR`), every token's old log-prob becomes ``log(a x pi_old + b)``, the mixture's,
-    so TRL's clipped ratio is ``pi_theta / ((1 - alpha) pi_old + alpha mu)`` as in upstream's ``update_policy``.
-    ``pi_old`` is TRL's own old log-prob when it computes one, else one forward pass of the policy here (TRL skips it
-    when the batch is used on-policy). The mean weight ``pi_old / q`` of the batch's loss tokens is logged as
-    ``exploration/importance_weight``."""
+class ExplorationGRPOTrainer(TrimmedGRPOTrainer):
+    """``GRPOTrainer`` (micro-batches trimmed of padding) with REX-RAG's policy correction: where the rollout
+    returned the behaviour distribution's terms (:data:`SCALE`, :data:`FLOOR`), every token's old log-prob becomes
+    ``log(a x pi_old + b)``, the mixture's, so TRL's clipped ratio is ``pi_theta / ((1 - alpha) pi_old + alpha mu)``
+    as in upstream's ``update_policy``. ``pi_old`` is TRL's own old log-prob when it computes one, else one forward
+    pass of the policy here (TRL skips it when the batch is used on-policy). The mean weight ``pi_old / q`` of the
+    batch's loss tokens is logged as ``exploration/importance_weight``."""
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -347,6 +347,7 @@ class ExplorationGRPOTrainer(GRPOTrainer):
         return output
 
 
-def trainer_class(rollout_func) -> type[GRPOTrainer]:
-    """The trainer a rollout function needs: with an explorer, :class:`ExplorationGRPOTrainer`."""
-    return ExplorationGRPOTrainer if getattr(rollout_func, "explorer", None) is not None else GRPOTrainer
+def trainer_class(rollout_func) -> type[TrimmedGRPOTrainer]:
+    """The trainer a rollout function needs: with an explorer, :class:`ExplorationGRPOTrainer`, else TRL's
+    ``GRPOTrainer`` with its micro-batches trimmed of padding."""
+    return ExplorationGRPOTrainer if getattr(rollout_func, "explorer", None) is not None else TrimmedGRPOTrainer
