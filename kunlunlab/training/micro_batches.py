@@ -14,7 +14,8 @@ attends to them (their attention mask is 0); TRL's loss normalisers are the roll
 width. A row's tokens move to positions that start at 0, as in the rollout that sampled them; rotary position
 embeddings depend on position differences only, so the log-probs agree to rounding
 (``tests/training/test_micro_batches.py``: the loss and gradients of a batch with unequal prompts and completions
-to 1e-5 in float32). Time: docs/reference.md, "How long make run takes".
+to 1e-5 in float32). A DAPO step's update at make run's size: 62.6 -> 39.7 s on a 2-core AVX2 EPYC in float32
+(docs/training.md, "Speed on CPU").
 """
 from __future__ import annotations
 
