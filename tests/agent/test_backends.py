@@ -156,7 +156,18 @@ def test_shared_prefix_keeps_one_own_token_per_prompt_and_skips_short_ones():
     assert _shared_prefix_length([long + [1]]) == 0  # a single prompt
 
 
-def test_a_trainers_float32_policy_generates_in_its_bfloat16_copy_alone():
+@pytest.fixture
+def fresh_accelerator_state():
+    """accelerate keeps one state per process: a trainer that ran earlier in this pytest worker fixed its mixed
+    precision, and a new ``Accelerator(mixed_precision="bf16")`` would be refused. Reset before and after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_trainers_float32_policy_generates_in_its_bfloat16_copy_alone(fresh_accelerator_state):
     """GRPO's rollouts get the policy as the trainer left it: accelerate's autocast wrapper and TRL's fused LM head
     patched onto its ``forward``, TRL's keeping the original forward in a closure. The bfloat16 copy the backend
     makes must run its own weights: the float32 policy computes nothing during generation (when it did, every decode
@@ -185,7 +196,7 @@ def test_a_trainers_float32_policy_generates_in_its_bfloat16_copy_alone():
     assert next(policy.parameters()).dtype == torch.float32  # the policy itself is left as it was
 
 
-def test_a_dropped_backend_frees_its_bfloat16_copy_at_once():
+def test_a_dropped_backend_frees_its_bfloat16_copy_at_once(fresh_accelerator_state):
     """The DAPO rollout makes a bfloat16 copy of the policy at every rollout call and drops it after. Accelerate's
     wrapper keeps the policy's ``forward`` as ``_original_forward``, a method bound to the model: copied, it tied
     the copy to itself, so each copy waited for Python's cycle collector, which a training process rarely runs (8
