@@ -37,7 +37,7 @@ def trim_padding(inputs: dict) -> dict:
     used_prompt = prompt_mask.bool().any(dim=0).nonzero()
     start = int(used_prompt[0]) if len(used_prompt) else prompt_width
     used_completion = completion_mask.bool().any(dim=0).nonzero()
-    end = max(1, int(used_completion[-1]) + 1 if len(used_completion) else 1)
+    end = int(used_completion[-1]) + 1 if len(used_completion) else 1
     if start == 0 and end == completion_width:
         return inputs
     trimmed = {}

@@ -11,7 +11,7 @@ from kunlunlab.training.config import DAPOStageConfig
 from kunlunlab.training.dapo import rl_dataset, run_dapo
 from kunlunlab.training.micro_batches import TrimmedGRPOTrainer, trim_padding
 from kunlunlab.training.rewards import RewardConfig
-from tiny_training import KeepGradients, length_reward, tiny_llama
+from tiny_training import KeepGradients, fixed_rollout, length_reward, tiny_llama
 
 QUESTIONS = [f"question {i}" for i in range(4)]
 
@@ -45,19 +45,6 @@ def test_a_micro_batch_without_padding_is_handed_on_as_it_is():
     assert trim_padding(inputs) is inputs
 
 
-def _unequal_rollout(prompts, trainer):
-    """Question i's prompt has 2 + i tokens, its k-th sample a completion of 3 + 2k: unequal on both sides."""
-    seen, prompt_ids, completion_ids = {}, [], []
-    for p in prompts:
-        k = seen.get(p, 0)
-        seen[p] = k + 1
-        i = QUESTIONS.index(p)
-        prompt_ids.append([100 + i + j for j in range(2 + i)])
-        completion_ids.append([400 + 7 * i + j for j in range(3 + 2 * k)])
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
-            "logprobs": [[0.0] * len(c) for c in completion_ids]}
-
-
 def _update(tokenizer, tmp_path, trainer_type, monkeypatch):
     """One DAPO update of 8 rollouts, one sequence per micro-batch, by ``trainer_type``; its loss, gradients and the
     (prompt, completion) widths of the micro-batches the loss saw."""
@@ -73,9 +60,10 @@ def _update(tokenizer, tmp_path, trainer_type, monkeypatch):
     cfg = DAPOStageConfig(prompts_per_step=2, num_generations=4, dynamic_sampling=False, save_steps=100,
                           learning_rate=1e-3, steps=1, micro_batch_size=1)
     grads = KeepGradients()
-    trainer = run_dapo(tiny_llama(tokenizer), tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)),
-                       _unequal_rollout, cfg, RewardConfig(), tmp_path, seed=0, callbacks=[grads],
-                       reward_funcs=[length_reward], world_size=1)
+    rollout = fixed_rollout(QUESTIONS, unequal_prompts=True)
+    trainer = run_dapo(tiny_llama(tokenizer), tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), rollout,
+                       cfg, RewardConfig(), tmp_path, seed=0, callbacks=[grads], reward_funcs=[length_reward],
+                       world_size=1)
     monkeypatch.undo()
     loss = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     return loss, grads.steps, widths
@@ -102,5 +90,5 @@ def test_an_update_on_trimmed_micro_batches_is_the_padded_update(tmp_path, monke
 def test_the_rl_trainers_trim():
     from kunlunlab.training.exploration import ExplorationGRPOTrainer, trainer_class
 
-    assert trainer_class(_unequal_rollout) is TrimmedGRPOTrainer
+    assert trainer_class(fixed_rollout(QUESTIONS)) is TrimmedGRPOTrainer
     assert issubclass(ExplorationGRPOTrainer, TrimmedGRPOTrainer)
