@@ -270,3 +270,42 @@ def test_cpu_sessions_attend_with_grouped_heads_and_generate_what_transformers_s
     assert out["grouped"][1] == pytest.approx(out["repeated"][1], abs=1e-6)
     assert out["grouped"][2] == 0 and out["repeated"][2] > 0  # transformers' path copies the heads, ours does not
     assert slow_calls and not any(slow_calls)  # ours folds the query groups instead: the fused kernel, no copy
+
+
+def test_a_borrowed_float32_model_generates_with_grouped_heads_and_keeps_its_own_attention(monkeypatch):
+    """A training model already in the generation dtype (float32 on a CPU without native bfloat16) is used as it
+    is, not copied: its session still attends with the heads grouped (it ran transformers' repeating SDPA, half
+    as fast, in make run's evaluation after training), generates what transformers' attention generates, and
+    the model is back on its own attention outside the session's calls (the trainer never sees ours)."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    from kunlunlab.agent.transformers_backend import TransformersBackend
+    from kunlunlab.models import load_llm
+    from tiny_training import tiny_llama
+
+    tokenizer = load_llm()[1]
+    policy = tiny_llama(tokenizer).float()  # 4 query heads, 2 key/value heads; transformers' SDPA
+    assert policy.config._attn_implementation == "sdpa"
+    copies = []
+    real_repeat = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda states, n: copies.append(n) or real_repeat(states, n))
+    prompts = [text_ids(tokenizer, "Question one\n"), text_ids(tokenizer, "Another, much longer question two\n")]
+    block = text_ids(tokenizer, "\n<result>\n(1) Paris is the capital.\n</result>\n")
+
+    def generate(backend):
+        session = backend.open(prompts)
+        first = session.generate([0, 1], {0: 6, 1: 11}, stop=())
+        assert policy.config._attn_implementation == "sdpa"  # between the session's calls: the model's own
+        session.append({0: block})
+        second = session.generate([0, 1], {0: 8, 1: 8}, stop=())
+        return [first[r].token_ids + second[r].token_ids for r in (0, 1)]
+
+    borrowed = TransformersBackend(model=policy, tokenizer=tokenizer, dtype="float32")
+    assert borrowed.model is policy  # not copied
+    grouped_tokens = generate(borrowed)
+    assert copies == []  # no key/value copy per query group in any of the session's forward calls
+    assert policy.config._attn_implementation == "sdpa"
+    repeated = TransformersBackend(model=policy, tokenizer=tokenizer, dtype="float32")
+    repeated.borrowed_attention = None  # transformers' own attention, as before the switch
+    assert generate(repeated) == grouped_tokens
+    assert copies  # transformers' path did copy the heads
