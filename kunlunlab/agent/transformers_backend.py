@@ -169,11 +169,12 @@ def _grouped_query_attention(model) -> str | None:
     from transformers import AttentionInterface  # deferred, as torch above
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    if not hasattr(model, "set_attn_implementation"):  # not a transformers model (a test's own module): as it is
+        return None
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
     if (next(model.parameters()).device.type != "cpu" or not heads or not kv_heads or kv_heads >= heads
-            or getattr(model.config, "_attn_implementation", None) != "sdpa"
-            or not hasattr(model, "set_attn_implementation")):
+            or getattr(model.config, "_attn_implementation", None) != "sdpa"):
         return None
     AttentionInterface.register(GQA_ATTENTION, _sdpa_gqa)
     AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)  # the masks transformers builds itself (generate)
