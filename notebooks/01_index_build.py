@@ -60,8 +60,8 @@ from kunlunlab.viz import memory_figure, pareto_figure, recall_latency_figure, s
 from kunlunlab.viz.data_views import cluster_allocation_figure, cluster_weights_figure, index_rows_html
 from IPython.display import HTML, display
 
-if smoke:  # tiny sizes so the test suite runs every cell in seconds
-    n_passages, n_queries, nprobe_grid, budget_grid = 1_000, 40, [1, 4, 16], [32, 128]
+if smoke:  # tiny sizes so the test suite runs every cell in seconds (600 passages: the smoke training's world, seed 0)
+    n_passages, n_queries, nprobe_grid, budget_grid = 600, 40, [1, 4, 16], [32, 128]
 run_dir = notebook_run_dir(run_dir, "01_index_build")  # None: a new experiments/runs folder
 unknown = set(index_kinds) - {"ivfpq", "cluster_pq", "hnsw", "bm25"}
 if unknown:

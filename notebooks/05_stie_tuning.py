@@ -70,8 +70,8 @@ from kunlunlab.training.config import load_config
 from kunlunlab.data.splits import load_splits
 from kunlunlab.viz import save_figure, stie_heatmaps, table_html
 
-if smoke:
-    n_questions, rounds, simulated_questions = 2, 2, 40
+if smoke:  # BM25 unless given: a dense index would embed the 2,000-passage world first (~60 s on 2 cores)
+    n_questions, rounds, simulated_questions, index_kind = 2, 2, 40, index_kind or "bm25"
 run_dir = notebook_run_dir(run_dir, "05_stie_tuning")  # None: a new experiments/runs folder
 metrics = {"model": model}
 

@@ -76,6 +76,7 @@ if smoke:
     baselines, datasets, world_questions, hotpot_questions, limit = ["naive_rag"], ["world", "hotpotqa_distractor"], 2, 1, 1
     datasets, summary_questions = datasets + ["world_summary"], 1
     ablations, n_resamples, nlr = ["−STIE"], 200, False
+    index_kind = index_kind or "bm25"  # a dense index would embed the 2,000-passage world first (~60 s on 2 cores)
     rollout = {"max_total_tokens": 160, "max_turn_tokens": 32, **rollout}  # the smoke training's budgets
 if shared_data_dir() is None:
     print("benchmark data folder not found: evaluating the synthetic world only")
