@@ -62,9 +62,9 @@ log = logging.getLogger(__name__)
 # The test suite's size. The evaluation after training answers two world questions only: the HotpotQA and
 # long-answer evaluations (half of each smoke evaluation's time) run in the tests that check them, which set them.
 # Every stage trains in this process: a smoke stage trains in a second or two and a child process of its own spent
-# ~15 s importing torch, transformers and TRL before it (three of notebook 08's 61 s comparison on a 2-core EPYC);
-# how a run uses processes does not change what it trains (config.PROCESS_ONLY_FIELDS), and the child-process path
-# has its own test (tests/training/test_own_process.py).
+# ~15 s importing torch, transformers and TRL before it (three children: 46 s of notebook 08's 61 s smoke comparison
+# on a 2-core EPYC); how a run uses processes does not change what it trains (config.PROCESS_ONLY_FIELDS), and the
+# child-process path has its own test (tests/training/test_own_process.py).
 SMOKE_OVERRIDES = {
     "own_process_stages": [],
     "train_questions": 24, "world_passages": 600,
