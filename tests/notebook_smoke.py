@@ -12,7 +12,7 @@ FIRST_STUDY = "05"  # notebooks from here on run in test_notebook_studies.py
 TINY_MODEL_PARAMETERS = {
     "04_training": lambda model: {"overrides": {"model": model}},
     "05_stie_tuning": lambda model: {"model": model},
-    "06_evaluation": lambda model: {"model": model},
+    "06_evaluation": lambda model: {"model": model, "baseline_model": model},
     "07_process_rewards": lambda model: {"sft_overrides": {"model": model}},
     "08_peers": lambda model: {"base_model": model},
 }
