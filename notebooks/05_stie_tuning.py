@@ -44,7 +44,7 @@
 model = None              # the trained checkpoint (make run passes notebook 04's); None: embedded SmolLM2, untrained
 train_config = "experiments/configs/training/train_embedded_cpu.json"  # its held-out split gives the questions
 n_questions = 12          # held-out synthetic-world questions whose rounds the model generates
-rounds = 5                # answer rounds generated per question (STIEConfig().max_rounds: K = 3 blocking can act)
+rounds = 5                # answer rounds generated per question (STIEConfig().max_rounds; repeat blocking at K 3 can act)
 batch_size = 12           # questions per generation batch (one batch: 3 batches of 8 took longer on 2 cores)
 index_kind = None         # retrieval index; None: the checkpoint's, else the training config's
 simulated_questions = 200 # size of the labelled loop simulation

@@ -42,6 +42,25 @@ def test_notebook_pairs_are_in_sync_and_committed_without_outputs():
         assert len(tagged) == 1 and "run_dir" in tagged[0].source and "smoke" in tagged[0].source, source.name
 
 
+def test_papermill_reads_every_parameter_of_every_notebook():
+    """papermill's own reading of a parameters cell (``papermill --help-notebook``, ``inspect_notebook``) drops a
+    line it cannot parse, e.g. a comment holding " = " (05's ``rounds`` was missing so, with a log line in every
+    run); every name the cell assigns must be among the parameters papermill reports."""
+    import ast
+
+    import jupytext
+    import papermill
+
+    from kunlunlab.runner import NOTEBOOK_DIR
+
+    for notebook in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")):
+        cell = next(c for c in jupytext.read(notebook).cells if "parameters" in c.metadata.get("tags", []))
+        assigned = {target.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                    for target in node.targets if isinstance(target, ast.Name)}
+        assert len(assigned) >= 3, notebook.name
+        assert assigned - set(papermill.inspect_notebook(str(notebook))) == set(), notebook.name
+
+
 def test_pairing_check_catches_a_one_sided_edit_outputs_and_a_missing_pair(tmp_path):
     import shutil
 
