@@ -37,12 +37,16 @@ def corpus_file(world, tmp_path_factory) -> Path:
     return _write_corpus(world.passages[:PASSAGES], tmp_path_factory.mktemp("corpus") / "world.jsonl")
 
 
+def _build_in_process(passages, vectors, encoder, folder: Path) -> Path:
+    """The reference: the same corpus built in one process from its precomputed vectors."""
+    save_retriever(build_retriever(passages, CLUSTER, encoder=encoder, vectors=vectors), folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def in_process(world, encoder, vectors, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("inprocess")
-    save_retriever(build_retriever(world.passages[:PASSAGES], CLUSTER, encoder=encoder, vectors=vectors[:PASSAGES]),
-                   folder)
-    return folder
+    return _build_in_process(world.passages[:PASSAGES], vectors[:PASSAGES], encoder, folder)
 
 
 def _queries(questions) -> list[str]:
@@ -80,10 +84,9 @@ def test_ray_build_equals_the_in_process_build(world, vectors, questions, encode
     """Over the first 300 passages (shards of 80, 80, 80, 60): Ray's start and its actor's imports are fixed costs,
     the encoding on one actor thread is what the corpus size adds (900 passages: 48 s of build, 300: 31 s)."""
     pytest.importorskip("ray", reason="the Ray build needs ray[data] (pip install -e .)")
-    n = RAY_PASSAGES
-    corpus = _write_corpus(world.passages[:n], tmp_path / "corpus.jsonl")
-    reference = tmp_path / "inprocess"
-    save_retriever(build_retriever(world.passages[:n], CLUSTER, encoder=encoder, vectors=vectors[:n]), reference)
+    corpus = _write_corpus(world.passages[:RAY_PASSAGES], tmp_path / "corpus.jsonl")
+    reference = _build_in_process(world.passages[:RAY_PASSAGES], vectors[:RAY_PASSAGES], encoder,
+                                  tmp_path / "inprocess")
     out = tmp_path / "ray"
     cfg = ShardedBuildConfig(engine="ray", shard_rows=80, block_rows=128, num_cpus=2)
     manifest = build_sharded(corpus, CLUSTER, out, cfg, encoder=encoder, log=lambda line: None)
