@@ -134,7 +134,7 @@ def inverse_cdf_sample(probs, generator):
     """One token per row of ``probs`` by inverse transform sampling: the first token whose cumulative probability
     (in float64) passes one uniform number per row. The same distribution as ``torch.multinomial(probs, 1)``, and a
     token of probability zero (cut by top-p, banned) is never drawn; but on a CPU ``torch.multinomial`` took 1.2 ms a
-    row over SmolLM2's 49,152 tokens (9.3 ms at 8 rows: a fifth of a DAPO rollout's decode step), this 0.4 ms for the
+    row over SmolLM2's 49,152 tokens (9.3 ms at 8 rows: a fifth of a DAPO rollout's decode step), this 0.24 ms for the
     8 rows (2-core EPYC, 2026-12-04). Draws differ from ``torch.multinomial``'s under the same seed (one uniform a row
     instead of its own consumption of the generator); a session's draws are still fixed by its seed."""
     import torch  # deferred, as in _in_dtype

@@ -71,7 +71,7 @@ def test_a_packed_layer_trains_on_its_plain_weight_and_follows_in_place_changes(
         layer[0].weight.mul_(-2.0)
         reference.weight.mul_(-2.0)
         assert torch.equal(layer(x), reference(x))
-        assert torch.equal(layer(x.float().to(torch.bfloat16)[:1]), reference(x[:1]))
+        assert torch.equal(layer(x[:1]), reference(x[:1]))  # one row, as at a decode step
 
 
 def test_a_borrowed_or_float32_model_keeps_plain_linears(tokenizer):
