@@ -79,9 +79,12 @@ def test_real_model_rollout_masks_exactly_the_result_tokens(backend, world, worl
             assert all(m == 1 for m in t.mask[:start])
 
 
-def test_a_full_batch_of_continuing_rows_gives_each_sample_its_own_trajectory(backend, world_retriever, questions):
+def test_a_full_batch_of_continuing_rows_gives_each_sample_its_own_trajectory(backend, world_retriever, questions,
+                                                                              monkeypatch):
     """Two rows at a time over four questions: samples continue one by one and finished ones hand their slot to the
-    next question, yet each trajectory is the one the question gets alone (greedy)."""
+    next question, yet each trajectory is the one the question gets alone (greedy). One token a decode step: with
+    drafts, rows ending their turns on the same step are searched together (test_draft_lookup.py covers drafts)."""
+    monkeypatch.setattr(backend, "draft_tokens", 0)
     qs = [q.question for q in questions[:4]]
     prefix = "<think>I need to look this up.</think>\n<search>"
     prompts = [chat_prompt_ids(backend.tokenizer, build_messages(q), prefix) for q in qs]
