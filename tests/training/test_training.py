@@ -59,9 +59,11 @@ def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, question
         batch_ids.append(inputs[0].detach().clone())
 
     model.model.embed_tokens.register_forward_hook(keep_ids)
-    cfg = DAPOStageConfig(steps=1, prompts_per_step=1, num_generations=2, dynamic_sampling=False, save_steps=100,
+    cfg = DAPOStageConfig(steps=1, prompts_per_step=1, num_generations=4, dynamic_sampling=False, save_steps=100,
                           learning_rate=1e-5)
-    # The untrained model searches when its reply opens with a search; the engine then appends real results.
+    # The untrained model searches when its reply opens with a search and it closes the query within its turn (at
+    # temperature 1 not every sample does: four samples, so that the test does not stand on one seed's draws); the
+    # engine then appends real results.
     rollout = SearchRollout(bm25.search, tok, {q.question: q.answers for q in questions},
                             RolloutConfig(max_turn_tokens=24, max_total_tokens=200, top_k=2, max_result_chars=200),
                             cfg, RewardConfig(), assistant_prefix="<think>I need to look this up.</think>\n<search>")
@@ -81,7 +83,7 @@ def test_one_real_dapo_step_gives_retrieved_tokens_zero_gradient(world, question
     assert trainer.state.global_step == 1 and trainer.args.loss_type == "dapo" and trainer.args.epsilon_high == 0.28
     out = outputs[0]
     env_mask, completion_ids, prompt_ids = out["env_mask"], out["completion_ids"], out["prompt_ids"]
-    assert len(completion_ids) == 2 and any(0 in m for m in env_mask), "the rollout must contain retrieved tokens"
+    assert len(completion_ids) == 4 and any(0 in m for m in env_mask), "the rollout must contain retrieved tokens"
     assert any("<result>" in tok.decode([i for i, m in zip(ids, mask) if not m])
                for ids, mask in zip(completion_ids, env_mask))
     assert len(grads) == 1
