@@ -604,13 +604,11 @@ class TransformersSession:
         logits = self._forward(ids, None, self.lengths, torch.arange(width, device=self.device))
         self._logit_rows(logits)
         order = list(drafts)
-        picks, logprobs = [], []
-        if order:  # every draft position of every slot, drawn in one call (a row's later draws go unused after a miss)
-            slots_t = torch.tensor([s for s in order for _ in drafts[s]], dtype=torch.long, device=self.device)
-            cols_t = torch.tensor([j for s in order for j in range(len(drafts[s]))], dtype=torch.long,
-                                  device=self.device)
-            chosen, logprob, _ = self._sample(logits[slots_t, cols_t].float())
-            picks, logprobs = chosen.tolist(), logprob.tolist()
+        # every draft position of every slot, drawn in one call (a row's later draws go unused after a miss)
+        slots_t = torch.tensor([s for s in order for _ in drafts[s]], dtype=torch.long, device=self.device)
+        cols_t = torch.tensor([j for s in order for j in range(len(drafts[s]))], dtype=torch.long, device=self.device)
+        chosen, logprob, _ = self._sample(logits[slots_t, cols_t].float())
+        picks, logprobs = chosen.tolist(), logprob.tolist()
         kept = dict.fromkeys(active, 0)
         at = 0
         for slot in order:

@@ -54,21 +54,23 @@ def test_drafts_give_the_greedy_tokens_of_one_token_steps_in_fewer_steps(tokeniz
 
 def test_sampling_with_drafts_draws_from_the_models_distribution(tokenizer):
     """After "x" the model writes " A" with probability 0.7 and " B" with 0.3 (scores 20 + ln 0.7, 20 + ln 0.3;
-    every other token scores 0, e^-20 of the mass); the text before holds "x A", so " A" is drafted at every step.
-    A kept draft and a rejected one's redraw must leave " A" at 0.7 (a redraw that could pick " A" again: 0.91)."""
+    every other token scores 0, e^-20 of the mass); the prompt's last line holds "x A", so " A" is drafted after the
+    sampled "x". A kept draft ends the segment in one step, a rejected one's redraw takes a second: both happen, and
+    " A" stays at 0.7 (a redraw that could pick " A" again would give 0.91)."""
     def policy(text: str) -> list[tuple[str, float]]:
         if "Question" not in text:
             return []
-        return [("x A", 20 + math.log(0.7)), ("x B", 20 + math.log(0.3))] if text.endswith("\nx") else \
-            [("x", 30.0)]
+        if text.endswith("\nx"):
+            return [("x A\nx A", 20 + math.log(0.7)), ("x A\nx B", 20 + math.log(0.3))]
+        return [("x A\nx", 30.0)]
 
     backend = TransformersBackend(model=PolicyModel(tokenizer, policy), tokenizer=tokenizer, dtype="float32",
                                   draft_tokens=2)
-    prompt = text_ids(tokenizer, "Question 0 x A\n")
-    counts = Counter()
+    prompt = text_ids(tokenizer, "Question 0\nx A\n")
+    counts, steps = Counter(), Counter()
     for seed in range(300):
         session = backend.open([prompt], SamplingConfig(temperature=1.0, seed=seed))
-        segment = session.generate([0], 2)[0]
-        counts[segment.text] += 1
-    assert set(counts) <= {"x A", "x B"}
+        counts[session.generate([0], 2)[0].text] += 1
+        steps[session.decode_steps] += 1
+    assert set(counts) <= {"x A", "x B"} and set(steps) == {1, 2}
     assert abs(counts["x A"] / 300 - 0.7) < 0.08  # binomial sd at n = 300: 0.026
