@@ -6,7 +6,7 @@ from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import build_messages
 from kunlunlab.agent.server import create_app
-from kunlunlab.agent.transformers_backend import _shared_prefix_length
+from kunlunlab.agent.transformers_backend import _folded_mask, _shared_prefix_length
 from kunlunlab.http.client import free_port
 from kunlunlab.http.server import ServerThread
 
@@ -309,3 +309,28 @@ def test_a_borrowed_float32_model_generates_with_grouped_heads_and_keeps_its_own
     repeated.borrowed_attention = None  # transformers' own attention, as before the switch
     assert generate(repeated) == grouped_tokens
     assert copies  # transformers' path did copy the heads
+
+
+def test_a_forwards_mask_is_folded_once_into_an_additive_mask_with_the_same_attention():
+    """The grouped attention's mask: each query group's rows are the original rows, 0 where a key is seen and -inf
+    where not; built once for the forward (the same mask object at every layer gives back the same folded
+    tensor) and rebuilt for a new forward's mask; SDPA gives the same output with it as with the boolean one."""
+    import torch
+
+    seen = torch.tensor([[[[True, False, False], [True, True, False]]],
+                         [[[True, True, False], [True, True, True]]]])  # (batch 2, 1, queries 2, keys 3)
+    folded = _folded_mask(seen, q_len=2, groups=3, dtype=torch.bfloat16)
+    inf = float("-inf")
+    first = torch.tensor([[0.0, inf, inf], [0.0, 0.0, inf]] * 3)
+    second = torch.tensor([[0.0, 0.0, inf], [0.0, 0.0, 0.0]] * 3)
+    assert folded.shape == (2, 1, 6, 3) and folded.dtype == torch.bfloat16
+    assert torch.equal(folded[0, 0].float(), first) and torch.equal(folded[1, 0].float(), second)
+    assert _folded_mask(seen, q_len=2, groups=3, dtype=torch.bfloat16) is folded  # the next layer of the forward
+    assert _folded_mask(seen.clone(), q_len=2, groups=3, dtype=torch.bfloat16) is not folded  # the next forward
+
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 1, 6, 8, generator=generator).to(torch.bfloat16) for _ in range(3))
+    key, value = key[:, :, :3], value[:, :, :3]
+    boolean = seen.expand(-1, -1, 2, -1).repeat(1, 1, 3, 1)
+    assert torch.equal(torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=folded),
+                       torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=boolean))
