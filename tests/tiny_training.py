@@ -36,20 +36,24 @@ class KeepGradients(TrainerCallback):
         self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
-def fixed_rollout(questions: list[str], unequal_prompts: bool = False):
+def fixed_rollout(questions: list[str], unequal_prompts: bool = False, env_mask: bool = False):
     """A ``rollout_func`` for TRL's GRPOTrainer: each question's k-th sample is a completion of 3 + 2k tokens (ids
     from the question's index), so :func:`length_reward` differs inside every group and the batch has unequal
-    lengths. Prompts have 3 tokens, or with ``unequal_prompts`` question i's has 2 + i."""
+    lengths. Prompts have 3 tokens, or with ``unequal_prompts`` question i's has 2 + i. With ``env_mask`` the
+    call's first group is out of the loss (every token masked, as dynamic sampling leaves a flat group) and in
+    every other completion tokens 2 and 3 are environment tokens (a result block after the first model token)."""
     def rollout(prompts, trainer):
-        seen, prompt_ids, completion_ids = {}, [], []
+        seen, prompt_ids, completion_ids, masks = {}, [], [], []
         for p in prompts:
             k = seen.get(p, 0)
             seen[p] = k + 1
             i = questions.index(p)
             prompt_ids.append([100 + i + j for j in range(2 + i)] if unequal_prompts else [100 + i, 200 + i, 300])
             completion_ids.append([400 + 7 * i + j for j in range(3 + 2 * k)])
+            n = len(completion_ids[-1])
+            masks.append([0] * n if p == prompts[0] else [1, 0, 0] + [1] * (n - 3))
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids,
-                "logprobs": [[0.0] * len(c) for c in completion_ids]}
+                "logprobs": [[0.0] * len(c) for c in completion_ids], **({"env_mask": masks} if env_mask else {})}
 
     return rollout
 

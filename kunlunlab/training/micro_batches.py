@@ -1,4 +1,4 @@
-"""Micro-batches of an RL update without the rollout batch's padding.
+"""Micro-batches of an RL update without the rollout batch's padding, and without work that carries no loss.
 
 TRL's ``GRPOTrainer`` pads a rollout batch once, every prompt on the left to the longest prompt and every
 completion on the right to the longest completion, and cuts the padded tensors into micro-batches of
@@ -16,6 +16,23 @@ embeddings depend on position differences only, so the log-probs agree to roundi
 (``tests/training/test_micro_batches.py``: the loss and gradients of a batch with unequal prompts and completions
 to 1e-5 in float32). A DAPO step's update at make run's size: 62.6 -> 39.7 s on a 2-core AVX2 EPYC in float32
 (docs/training.md, "Speed on CPU").
+
+Two more kinds of work carry no loss and are skipped (:class:`TrimmedGRPOTrainer`):
+
+- Environment tokens in the LM head. TRL scores every completion position (its labels are the completion), but the
+  loss, the entropy it logs and its clip statistics all read ``completion_mask * tool_mask``: the ``<result>`` and
+  feedback tokens (``env_mask`` 0, eq. 19's masked tokens, about half of a make run rollout's completion) only
+  cost the head's forward and backward over the 49,152-token vocabulary. Their labels are set to -100 before the
+  forward, so TRL's fused head (kunlunlab/training/trl_cpu.py) leaves them out; their log-probs and entropies come
+  back 0, where the mask zeroes them anyway.
+- Micro-batches whose every token is masked: dynamic sampling keeps a group that stayed flat after its refills in
+  the batch with its ``env_mask`` zeroed (kunlunlab/training/dapo.py), and TRL runs its forward and backward for a
+  loss of exactly 0. With ``beta`` 0 and no auxiliary loss nothing else reads them: they are skipped (a zero loss
+  tied to one trainable weight, so the step's backward and gradient accumulation run as before). Only in a single
+  process, where no other process waits for this one's gradients. TRL's logged means (entropy, clip ratios) are
+  then over the micro-batches that carry loss, instead of counting the skipped ones as zeros.
+
+The update's loss and gradients are unchanged by either (tests/training/test_micro_batches.py).
 """
 from __future__ import annotations
 
@@ -51,8 +68,41 @@ def trim_padding(inputs: dict) -> dict:
     return trimmed
 
 
+def loss_mask(inputs: dict) -> torch.Tensor:
+    """The positions a GRPO micro-batch's loss reads: model tokens of the completion (TRL's own rule)."""
+    mask = inputs["completion_mask"]
+    return mask if inputs.get("tool_mask") is None else mask * inputs["tool_mask"]
+
+
 class TrimmedGRPOTrainer(GRPOTrainer):
-    """TRL's ``GRPOTrainer`` whose micro-batches are trimmed of their padding (:func:`trim_padding`)."""
+    """TRL's ``GRPOTrainer`` whose micro-batches are trimmed of their padding (:func:`trim_padding`), whose LM head
+    scores model tokens only, and which skips micro-batches without loss (module docstring)."""
 
     def _prepare_inputs(self, generation_batch):
         return trim_padding(super()._prepare_inputs(generation_batch))
+
+    def _skips_lossless(self) -> bool:
+        return (self.beta == 0.0 and not self.aux_loss_enabled and self.accelerator.num_processes == 1
+                and not self.is_deepspeed_enabled and not self.is_fsdp_enabled)
+
+    def _compute_loss(self, model, inputs):
+        keep = loss_mask(inputs)
+        if not keep.any() and self._skips_lossless():
+            weight = next(p for p in model.parameters() if p.requires_grad)
+            return weight.reshape(-1)[0] * 0.0
+        if inputs.get("tool_mask") is None:
+            return super()._compute_loss(model, inputs)
+
+        def model_tokens_only(module, args, kwargs):
+            labels = kwargs.get("labels")
+            if labels is not None and labels.size(0) == keep.size(0) and labels.size(1) >= keep.size(1):
+                labels = labels.clone()
+                labels[:, labels.size(1) - keep.size(1):].masked_fill_(keep == 0, -100)
+                kwargs["labels"] = labels
+            return args, kwargs
+
+        handle = self.accelerator.unwrap_model(model).register_forward_pre_hook(model_tokens_only, with_kwargs=True)
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            handle.remove()

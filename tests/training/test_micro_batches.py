@@ -45,9 +45,10 @@ def test_a_micro_batch_without_padding_is_handed_on_as_it_is():
     assert trim_padding(inputs) is inputs
 
 
-def _update(tokenizer, tmp_path, trainer_type, monkeypatch):
+def _update(tokenizer, tmp_path, trainer_type, monkeypatch, env_mask=False, scored=None):
     """One DAPO update of 8 rollouts, one sequence per micro-batch, by ``trainer_type``; its loss, gradients and the
-    (prompt, completion) widths of the micro-batches the loss saw."""
+    (prompt, completion) widths of the micro-batches the loss saw. ``env_mask``: :func:`fixed_rollout`'s masks;
+    ``scored``: a list that gets, per forward pass of the model, how many positions its labels score."""
     widths = []
     original = trainer_type._compute_loss
 
@@ -60,8 +61,12 @@ def _update(tokenizer, tmp_path, trainer_type, monkeypatch):
     cfg = DAPOStageConfig(prompts_per_step=2, num_generations=4, dynamic_sampling=False, save_steps=100,
                           learning_rate=1e-3, steps=1, micro_batch_size=1)
     grads = KeepGradients()
-    rollout = fixed_rollout(QUESTIONS, unequal_prompts=True)
-    trainer = run_dapo(tiny_llama(tokenizer), tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), rollout,
+    rollout = fixed_rollout(QUESTIONS, unequal_prompts=True, env_mask=env_mask)
+    model = tiny_llama(tokenizer)
+    if scored is not None:  # after any pre-hook: the labels the forward really got
+        model.register_forward_hook(lambda module, args, kwargs, out: scored.append(
+            int((kwargs["labels"] != -100).sum())), with_kwargs=True)
+    trainer = run_dapo(model, tokenizer, rl_dataset(QUESTIONS, [["x"]] * len(QUESTIONS)), rollout,
                        cfg, RewardConfig(), tmp_path, seed=0, callbacks=[grads], reward_funcs=[length_reward],
                        world_size=1)
     monkeypatch.undo()
@@ -85,6 +90,23 @@ def test_an_update_on_trimmed_micro_batches_is_the_padded_update(tmp_path, monke
     assert sum(g.pow(2).sum() for g in grads[0].values()) > 0
     for name, g in padded_grads[0].items():
         torch.testing.assert_close(grads[0][name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_tokens_without_loss_cost_no_head_work_and_the_update_is_trl_s(tmp_path, monkeypatch):
+    tokenizer = load_llm()[1]
+    scored, trl_scored = [], []
+    loss, grads, _ = _update(tokenizer, tmp_path / "ours", TrimmedGRPOTrainer, monkeypatch, True, scored)
+    trl_loss, trl_grads, _ = _update(tokenizer, tmp_path / "trl", GRPOTrainer, monkeypatch, True, trl_scored)
+    # TRL: 8 forwards, each scoring its whole completion (3, 5, 7, 9 tokens in both groups)
+    assert sorted(trl_scored) == [3, 3, 5, 5, 7, 7, 9, 9]
+    # here: the fully masked group's 4 micro-batches never reach the model, the other's score model tokens only
+    # (each completion less its 2 environment tokens)
+    assert sorted(scored) == [1, 3, 5, 7]
+    assert loss == pytest.approx(trl_loss, rel=1e-5, abs=1e-7)
+    assert sum(g.pow(2).sum() for g in grads[0].values()) > 0
+    assert set(grads[0]) == set(trl_grads[0])
+    for name, g in trl_grads[0].items():  # to rounding: the head's vocabulary tiles sum fewer rows
+        torch.testing.assert_close(grads[0][name], g, rtol=1e-5, atol=2e-6, msg=name)
 
 
 def test_the_rl_trainers_trim():
