@@ -68,6 +68,57 @@ class ScriptedBackend:
         return Session()
 
 
+class ContinuingScriptedBackend:
+    """Scripted turns in a session that continues rows one by one and takes new ones, as the local backend's does
+    (``sessions_continue``): ``script(prompt_text, turn, row)`` gives row ``row``'s turn ``turn`` as (text, decode
+    steps it takes). ``generate(until="any")`` moves a clock on to the first turn end(s) of the rows asked; ``added`` records
+    (clock, rows) for every row that joined the open session, ``ended`` (clock, row) for every turn end."""
+
+    name = "continuing-scripted"
+    sessions_continue = True
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script = tokenizer, script
+        self.clock, self.added, self.ended = 0, [], []
+
+    def open(self, prompts, sampling=None):
+        outer = self
+
+        class Session(PassiveSession):
+            def __init__(self):
+                self.prompt, self.turn, self.left = {}, {}, {}  # row -> its prompt text, turn, steps left in it
+                self._take(prompts, range(len(prompts)))
+
+            def _take(self, new_prompts, rows):
+                for r, ids in zip(rows, new_prompts):
+                    self.prompt[r], self.turn[r] = outer.tokenizer.decode(list(ids)), 0
+
+            def add(self, new_prompts, rows):
+                self._take(new_prompts, rows)
+                outer.added.append((outer.clock, list(rows)))
+
+            def generate(self, rows, max_new_tokens, stop=(), until="all"):
+                for r in rows:
+                    self.left.setdefault(r, outer.script(self.prompt[r], self.turn[r], r)[1])
+                steps = [self.left[r] for r in rows]
+                step = min(steps) if until == "any" else max(steps)
+                outer.clock += step
+                out = {}
+                for r in rows:
+                    self.left[r] -= step
+                    if self.left[r] > 0:
+                        continue
+                    text = outer.script(self.prompt[r], self.turn[r], r)[0]
+                    del self.left[r]
+                    self.turn[r] += 1
+                    ids = text_ids(outer.tokenizer, text)
+                    out[r] = Segment(ids, [-0.5] * len(ids), outer.tokenizer.decode(ids), "stop")
+                    outer.ended.append((outer.clock, r))
+                return out
+
+        return Session()
+
+
 class CountingSearch:
     def __init__(self):
         self.calls = []

@@ -120,6 +120,22 @@ SearchFn = Callable[[list[str], int], list[list]]
 
 
 @dataclass
+class NewSample:
+    """A sample a :data:`Feed` adds to a running rollout: its prompt, question, prefix (as ``run``'s ``prefixes``)
+    and the search its queries go to (None: the engine's)."""
+
+    prompt_ids: list[int]
+    question: str
+    prefix: str = ""
+    search: SearchFn | None = None
+
+
+# Called after each turn with the run's trajectories so far and the samples that finished in it; returns samples
+# to add to the run (DAPO's refills of a group that finished flat, kunlunlab/training/dapo.py).
+Feed = Callable[[list["Trajectory"], list[int]], list[NewSample]]
+
+
+@dataclass
 class RolloutStats:
     generate_s: float = 0.0
     retrieve_s: float = 0.0
@@ -167,6 +183,21 @@ class _Run:
         self.answer_block = getattr(controller, "answer_block", None)
         self.row_blocks: dict[int, AnswerBlock] = {}  # sample -> the answer block its session row is under
         self.warned = False  # an unenforced block was logged (once per run)
+        self.searches: list[SearchFn | None] = [None] * len(self.trajs)  # None: the engine's search
+        self.starts = [self.start] * len(self.trajs)  # when each sample entered the run
+
+    def extend(self, sample: NewSample) -> int:
+        """A sample added while the run goes on (``run``'s ``feed``); returns its index."""
+        self.trajs.append(Trajectory(sample.question, list(sample.prompt_ids)))
+        self.carry.append(sample.prefix)
+        if sample.prefix:
+            self.trajs[-1].steps.append({"kind": "prefix", "text": sample.prefix})
+        for per_sample in (self.searched, self.round_queries, self.round_docs):
+            per_sample.append([])
+        self.reprompts.append(0)
+        self.searches.append(sample.search)
+        self.starts.append(time.perf_counter())
+        return len(self.trajs) - 1
 
     def add(self, i: int, ids: list[int], text: str, model: bool, logprobs: list[float] | None = None,
             **extra) -> None:
@@ -182,7 +213,7 @@ class _Run:
 
     def finish(self, i: int, why: str) -> None:
         self.trajs[i].finish = why
-        self.trajs[i].seconds = time.perf_counter() - self.start
+        self.trajs[i].seconds = time.perf_counter() - self.starts[i]
 
 
 class RolloutEngine:
@@ -201,17 +232,20 @@ class RolloutEngine:
     def _result_block(self, hits_per_query: list[list], queries: list[str]) -> str:
         return self.protocol.result_block(hits_per_query, queries, self.config.max_result_chars)
 
-    def _retrieve(self, queries: list[str], contexts: dict[str, dict]) -> tuple[dict[str, list], str | None]:
-        """One call for all distinct queries of the turn; on a dead service a defined fallback."""
+    def _retrieve(self, queries: list[str], contexts: dict[str, dict], search: SearchFn | None = None
+                  ) -> tuple[dict[str, list], str | None]:
+        """One call for all distinct queries of the turn (to ``search``, default the engine's); on a dead service a
+        defined fallback."""
+        search = search or self.search
         unique = list(dict.fromkeys(queries))
-        if not unique or self.search is None:
-            return {q: [] for q in unique}, ("no retriever configured" if unique and self.search is None else None)
+        if not unique or search is None:
+            return {q: [] for q in unique}, ("no retriever configured" if unique and search is None else None)
         t0 = time.perf_counter()
         try:
-            if getattr(self.search, "wants_context", False):  # the NLR router reads history and context
-                results = self.search(unique, self.config.top_k, contexts=[contexts[q] for q in unique])
+            if getattr(search, "wants_context", False):  # the NLR router reads history and context
+                results = search(unique, self.config.top_k, contexts=[contexts[q] for q in unique])
             else:
-                results = self.search(unique, self.config.top_k)
+                results = search(unique, self.config.top_k)
             error = None
         except RetrievalServiceError as err:
             log.warning("search failed, answering this turn without results: %s", err)
@@ -222,7 +256,8 @@ class RolloutEngine:
 
     def run(self, prompts: Sequence[Sequence[int]], questions: Sequence[str],
             controller: AnswerController | None = None, prefixes: Sequence[str] | None = None,
-            max_batch: int | None = None) -> list[Trajectory]:
+            max_batch: int | None = None, searches: Sequence[SearchFn | None] | None = None,
+            feed: Feed | None = None) -> list[Trajectory]:
         """``prefixes``: text at the end of each prompt that opens the assistant's reply (e.g. ``<think>``);
         it is part of the prompt tokens, and the first turn is parsed as prefix + generated text.
 
@@ -230,9 +265,21 @@ class RolloutEngine:
         one by one (``backend.sessions_continue``, the local one), a sample whose turn ends is searched and continues at
         once instead of waiting for the batch's slowest turn, and a finished sample's slot takes the next prompt,
         so the batch stays full; the samples' texts are the same as in lock-step turns (a row's tokens depend
-        only on its own columns)."""
+        only on its own columns).
+
+        ``searches``: per prompt, the search its queries go to (None: the engine's ``search``); each turn makes one
+        call per distinct search. ``feed`` (sessions that continue rows only): asked after every turn that finished
+        samples, its :class:`NewSample` join the run (at the end of the returned list) and take free rows as they
+        come, up to ``max_batch`` (None: as many rows as ``prompts``)."""
         state = _Run(self.config, prompts, questions, prefixes, controller)
+        if searches is not None:
+            if len(searches) != len(prompts):
+                raise ValueError(f"{len(searches)} searches for {len(prompts)} prompts")
+            state.searches = list(searches)
         continues = getattr(self.backend, "sessions_continue", False)  # else lock-step turns, every prompt at once
+        if feed is not None and not continues:
+            raise ValueError(f"the {getattr(self.backend, 'name', 'generation')} backend's sessions cannot take "
+                             "rows while a rollout runs: no feed")
         width = min(max_batch, len(prompts)) if max_batch and continues else len(prompts)
         session = self.backend.open(prompts[:width], self.config.sampling)
         waiting = list(range(width, len(prompts)))
@@ -249,9 +296,11 @@ class RolloutEngine:
             session.append({i: ids for i, ids in token_appends.items() if i not in turn.done})
             self._hand_blocks(state, session, turn)
             active = [i for i in active if i not in turn.done]
+            if feed is not None and turn.done:
+                waiting += [state.extend(sample) for sample in feed(state.trajs, list(turn.done))]
             admit, waiting = waiting[:width - len(active)], waiting[width - len(active):]
             if admit:
-                session.add([prompts[i] for i in admit], admit)
+                session.add([state.trajs[i].prompt_ids for i in admit], admit)
                 active += admit
         self.stats.seconds += time.perf_counter() - state.start
         return state.trajs
@@ -335,23 +384,30 @@ class RolloutEngine:
             turn.appends[i] = self.protocol.notice_block(feedback or "Check your answer.")
 
     def _search_pending(self, state: _Run, turn: _TurnOutcome) -> None:
-        """One retrieval call for every pending query of every sample; where the protocol blocks repeats, a
-        sample's exact repeat of an earlier query (same bag of words) is blocked and answered from memory
-        instead. Each searching sample's result block (or the notice of an unavailable service) goes to
-        ``turn.appends``."""
+        """One retrieval call (per distinct search) for every pending query of every sample; where the protocol
+        blocks repeats, a sample's exact repeat of an earlier query (same bag of words) is blocked and answered
+        from memory instead. Each searching sample's result block (or the notice of an unavailable service) goes
+        to ``turn.appends``."""
         cfg, trajs = self.config, state.trajs
         block = cfg.block_repeated_queries and self.protocol.blocks_repeats  # STIE's, this project's protocol only
         repeats = {i: [block and set(q.lower().split()) in state.searched[i] for q in qs]
                    for i, qs in turn.pending.items()}
-        fresh = [q for i, qs in turn.pending.items() for q, rep in zip(qs, repeats[i]) if not rep]
         contexts = {q: {"searches_so_far": trajs[i].n_searches,
                         "context_tokens": len(trajs[i].prompt_ids) + len(trajs[i].completion_ids)}
                     for i, qs in turn.pending.items() for q in qs}
-        t0 = time.perf_counter()
-        results, error = self._retrieve(fresh, contexts)
-        elapsed = time.perf_counter() - t0
+        by_search: dict[int, tuple[SearchFn | None, list[int]]] = {}
+        for i in turn.pending:
+            by_search.setdefault(id(state.searches[i]), (state.searches[i], []))[1].append(i)
+        answers: dict[int, tuple[dict[str, list], str | None, float]] = {}  # sample -> its search's results
+        for search, samples in by_search.values():
+            t0 = time.perf_counter()
+            asked = [q for i in samples for q, rep in zip(turn.pending[i], repeats[i]) if not rep]
+            results, error = self._retrieve(asked, contexts, search)
+            elapsed = time.perf_counter() - t0
+            answers.update({i: (results, error, elapsed) for i in samples})
         for i, qs in turn.pending.items():
             t = trajs[i]
+            results, error, elapsed = answers[i]
             t.retrieval_seconds += elapsed
             blocks, ids = [], []
             for q, rep in zip(qs, repeats[i]):

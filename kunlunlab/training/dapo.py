@@ -18,7 +18,9 @@ Dynamic sampling (DAPO, Yu et al. 2025, §3.2): a group whose ACCURACY is the sa
 total, whose format/length terms would otherwise make a group look informative. Such groups are
 dropped and the batch is refilled with groups of other training questions (drawn from the pool,
 rolled out, kept only if informative), up to ``max_resample`` refill rounds; groups still flat after
-that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless every group is flat.
+that stay in the batch with their ``env_mask`` zeroed (out of the loss), unless every group is flat. On a
+backend whose sessions take rows mid-rollout (the local one) a refill joins the running batch as soon as its flat
+group has finished (:class:`_Refills`), else it follows the batch (:meth:`SearchRollout._refill`).
 The refilled questions' gold answers reach the reward functions through the ``answers`` extra field.
 ``dapo.flat_includes_budget`` (a departure, for the search-budget reward of FrugalRAG, which DAPO does not
 have): with ``rewards.w_budget > 0`` a group is flat only when accuracy AND budget score are the same for every
@@ -65,7 +67,7 @@ from kunlunlab.agent.openai_backend import OpenAIBackend
 from kunlunlab.agent.protocol import SYSTEM_PROMPT, build_messages
 from kunlunlab.agent.protocols import get_protocol
 from kunlunlab.agent.rdra import rdra_contexts
-from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine, Trajectory
+from kunlunlab.agent.rollout import NewSample, RolloutConfig, RolloutEngine, Trajectory
 from kunlunlab.agent.stie import STIEController
 from kunlunlab.agent.transformers_backend import TransformersBackend
 from kunlunlab.data.answers import exact_match
@@ -100,8 +102,8 @@ class SearchRollout:
         ``inference_dtype``: the dtype rollouts generate in (``auto``: bfloat16 on CPUs with native bf16); the
         loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server.
         ``routes``: question → the search its rollouts use instead of ``search`` (real RL prompts search their
-        corpus's service while the world's questions search the world's index); each search's questions are
-        rolled out as one batch. ``facts``: summary-oriented questions' gold facts (the accuracy term then scores
+        corpus's service while the world's questions search the world's index); they are rolled out in one batch,
+        each sample's queries sent to its own search. ``facts``: summary-oriented questions' gold facts (the accuracy term then scores
         the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`). ``protocol``: the agent
         protocol the rollouts speak (:mod:`kunlunlab.agent.protocols`; a peer's prompt, tags and document block);
         for a peer's protocol, accuracy (the stats' and dynamic sampling's) is the exact match of the answer the
@@ -159,38 +161,42 @@ class SearchRollout:
     def _question(self, prompt) -> str:
         return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
-    def _roll(self, backend, questions: list[str], seed: int) -> list[Trajectory]:
-        """One batched rollout of the agent as evaluated, one batch per search (``routes``); each trajectory
-        gets ``final_answer`` (STIE's accepted answer when STIE runs, else the last answer round's)."""
-        by_search: dict[int, tuple[object, list[int]]] = {}
-        for i, q in enumerate(questions):
-            search = self.routes.get(q, self.search)
-            by_search.setdefault(id(search), (search, []))[1].append(i)
-        out: list[Trajectory | None] = [None] * len(questions)
-        for search, indices in by_search.values():
-            for i, t in zip(indices, self._roll_with(search, backend, [questions[i] for i in indices], seed)):
-                out[i] = t
-        return out
+    def _search_of(self, question: str):
+        return self.routes.get(question, self.search)
 
-    def _roll_with(self, search, backend, questions: list[str], seed: int) -> list[Trajectory]:
+    def _prompts(self, backend, questions: list[str]) -> list[list[int]]:
+        """Each question's prompt ids, after what comes before its rollouts, one batch per search (``routes``): the
+        curriculum's judgement of questions not judged yet (UR2's) and RDRA's background."""
+        by_search: dict[int, tuple[object, list[str]]] = {}
+        for q in dict.fromkeys(questions):
+            search = self._search_of(q)
+            by_search.setdefault(id(search), (search, []))[1].append(q)
+        backgrounds: dict[str, str | None] = {}
+        for search, unique in by_search.values():
+            if self.curriculum is not None:
+                self.curriculum.prepare(backend, search, unique)
+            if self.rdra is not None:
+                for q, c in zip(unique, rdra_contexts(backend, search, unique, self.rdra)):
+                    backgrounds[q] = c.background
+                    self._rdra[q] = c
+        prefix = self._prefix()
+        return [chat_prompt_ids(self.tokenizer, self._messages(q, backgrounds.get(q)), prefix) for q in questions]
 
-        if self.curriculum is not None:  # questions not judged yet are, through this backend, before their rollouts
-            self.curriculum.prepare(backend, search, questions)
+    def _roll(self, backend, questions: list[str], seed: int, refills: "_Refills | None" = None
+              ) -> list[Trajectory]:
+        """One batched rollout of the agent as evaluated, each sample's queries to its question's search
+        (``routes``); each trajectory gets ``final_answer`` (STIE's accepted answer when STIE runs, else the last
+        answer round's). ``refills``: dynamic sampling while the batch runs; the refills' trajectories follow the
+        batch's."""
         cfg = replace(self.rollout, sampling=SamplingConfig(temperature=self.dapo.temperature, top_p=self.dapo.top_p,
                                                             seed=seed))
-        backgrounds: dict[str, str | None] = {q: None for q in questions}
-        if self.rdra is not None:
-            unique = list(backgrounds)
-            for q, c in zip(unique, rdra_contexts(backend, search, unique, self.rdra)):
-                backgrounds[q] = c.background
-                self._rdra[q] = c
-        prefix = self._prefix()
-        prompts = [chat_prompt_ids(self.tokenizer, self._messages(q, backgrounds[q]), prefix) for q in questions]
         controller = STIEController(self.stie) if self.stie is not None else None
-        trajs = RolloutEngine(backend, search, cfg, self.protocol).run(prompts, questions, controller,
-                                                                       [prefix] * len(questions))
+        feed = None if refills is None else (lambda trajs, done: refills.finished(trajs, done, controller))
+        trajs = RolloutEngine(backend, self.search, cfg, self.protocol).run(
+            self._prompts(backend, questions), questions, controller, [self._prefix()] * len(questions),
+            searches=[self._search_of(q) for q in questions], feed=feed)
         for i, t in enumerate(trajs):
-            t.final_answer = (controller.final_answer(i) if controller else None) or t.answer
+            t.final_answer = _final_answer(controller, i, t)
         return trajs
 
     def _messages(self, question: str, background: str | None) -> list[dict]:
@@ -267,6 +273,22 @@ class SearchRollout:
 
         return [g for g, members in enumerate(groups) if len({key(signals[i]) for i in members}) == 1]
 
+    def _refill_pool(self, questions: list[str], seed: int, in_batch: set[str] | None,
+                     share: tuple[int, int]) -> list[str]:
+        """The training questions a step's refills are drawn from (popped from the end): not in the batch, in an
+        order of the step's seed, this process's slice."""
+        rng = random.Random(seed)
+        in_batch = set(questions) | set(in_batch or ())
+        pool = [q for q in self.answers if q not in in_batch]
+        rng.shuffle(pool)  # the same order on every process (same seed): the slices below are disjoint
+        return pool[share[0]::share[1]]  # (all processes drawing from the whole pool drew the same questions)
+
+    def _refills_overlap(self, backend) -> bool:
+        """Whether this step's refills join the running batch (:class:`_Refills`) rather than follow it
+        (:meth:`_refill`): where the session takes rows mid-rollout, and no explorer rewrites the batch's groups
+        first (REX-RAG's probes run after the batch and before its refills)."""
+        return self.dapo.dynamic_sampling and self.explorer is None and getattr(backend, "sessions_continue", False)
+
     def _refill(self, backend, questions: list[str], trajs: list, signals: list[tuple], groups: list[list[int]],
                 seed: int, in_batch: set[str] | None = None, share: tuple[int, int] = (0, 1),
                 room_groups: int | None = None) -> tuple[int, int]:
@@ -275,11 +297,7 @@ class SearchRollout:
         accelerate). ``share``: (process index, processes); each process draws from its own slice of the
         pool. ``room_groups``: the most refill groups this process may roll out (None: no budget). Returns
         (groups refilled, questions tried)."""
-        rng = random.Random(seed)
-        in_batch = set(questions) | set(in_batch or ())
-        pool = [q for q in self.answers if q not in in_batch]
-        rng.shuffle(pool)  # the same order on every process (same seed): the slices below are disjoint
-        pool = pool[share[0]::share[1]]  # (all processes drawing from the whole pool drew the same questions)
+        pool = self._refill_pool(questions, seed, in_batch, share)
         refilled = tried = 0
         n = len(groups[0]) if groups else 1
         for attempt in range(self.dapo.max_resample):
@@ -300,6 +318,14 @@ class SearchRollout:
                     questions[slot], trajs[slot], signals[slot] = batch[src], fresh[src], fresh_signals[src]
                 refilled += 1
         return refilled, tried
+
+    def _refill_room(self, drawn: int, groups_n: int, processes: int, explored=None) -> int | None:
+        """The most refill groups this process may roll out: what the comparison budget (``dapo.max_rollouts``)
+        leaves after this call's rollouts and probes; None without a budget."""
+        if self.dapo.max_rollouts is None:
+            return None
+        left = self.dapo.max_rollouts - self.generated() - drawn - (explored.rolled * processes if explored else 0)
+        return max(0, left // (groups_n * processes))
 
     def __call__(self, prompts: Sequence, trainer) -> dict:
         start = time.perf_counter()
@@ -323,20 +349,24 @@ class SearchRollout:
         drawn = gather_across(list(questions), processes)  # TRL's draw, every process's: the comparison's ledger
         if self.curriculum is not None:  # this step's curriculum stage (the staged reward's)
             self.curriculum.at_step(trainer)
-        trajs = self._roll(backend, questions, seed)
-        signals = self._signals(questions, trajs)
-        explored = None if self.explorer is None else self.explorer.explore(  # probes of dead-end groups, in place
-            self, backend, model, questions, trajs, signals, groups, seed, len(drawn), processes)
-        flat_before = len(self._flat(groups, signals))
         refilled = tried = 0
-        if self.dapo.dynamic_sampling:
-            room = None
-            if self.dapo.max_rollouts is not None:  # what the budget leaves after this call, per process
-                left = self.dapo.max_rollouts - self.generated() - len(drawn) - (explored.rolled * processes
-                                                                                 if explored else 0)
-                room = max(0, left // (groups_n * processes))
-            refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(drawn),
-                                           (rank, processes), room)
+        if self._refills_overlap(backend):  # the refills run with the batch, in the rows flat groups left
+            refills = _Refills(self, backend, questions, groups, self._refill_pool(questions, seed, set(drawn),
+                               (rank, processes)), self._refill_room(len(drawn), groups_n, processes))
+            rolled = self._roll(backend, questions, seed, refills)
+            trajs, signals = rolled[:len(questions)], [refills.signals[i] for i in range(len(questions))]
+            explored, flat_before = None, len(self._flat(groups, signals))
+            refilled, tried = refills.replace(questions, trajs, signals, rolled)
+        else:
+            trajs = self._roll(backend, questions, seed)
+            signals = self._signals(questions, trajs)
+            explored = None if self.explorer is None else self.explorer.explore(  # probes of dead-end groups
+                self, backend, model, questions, trajs, signals, groups, seed, len(drawn), processes)
+            flat_before = len(self._flat(groups, signals))
+            if self.dapo.dynamic_sampling:
+                refilled, tried = self._refill(backend, questions, trajs, signals, groups, seed, set(drawn),
+                                               (rank, processes), self._refill_room(len(drawn), groups_n, processes,
+                                                                                    explored))
         flat = [groups[g] for g in self._flat(groups, signals)]
         accuracy, budgets = [s[0] for s in signals], [s[1] for s in signals]
         # the final trajectories (refills included), parsed for the rewards, the log and TRL; _signals parsed
@@ -408,6 +438,82 @@ class SearchRollout:
                 "facts": [self.facts.get(q) for q in questions], "finish": [t.finish for t in trajs],
                 **(self.curriculum.fields(questions) if self.curriculum is not None else {}),
                 **(explored.fields([len(ids) for ids in completion_ids]) if explored else {})}
+
+
+def _final_answer(controller, sample: int, t: Trajectory) -> str | None:
+    """The answer a trajectory is scored on: STIE's accepted one where STIE runs, else its last round's."""
+    return (controller.final_answer(sample) if controller else None) or t.answer
+
+
+class _Refills:
+    """DAPO's dynamic sampling while the batch still runs (sessions that take rows mid-rollout, the local one): as
+    soon as every sample of a group has finished and the group is flat, a refill question's group joins the
+    rollout in the rows the flat group left, instead of waiting for the batch's slowest sample and then running
+    alone. The rule is :meth:`SearchRollout._refill`'s: questions popped from the same pool, one per flat group and
+    attempt, at most ``max_resample`` attempts per group and ``room`` questions in all, an informative refill
+    taking its flat group's place. On the 2-core CPU it saves nothing measurable: a refill's rows cost about as
+    much beside the batch's tail as alone (rollout tokens/s 192-216 joined against 202-223 after the batch, three
+    steps each at make run's size; docs/reference.md, "How fast the agent loop runs"); it is for devices where rows
+    in a batch are nearly free and a refill after the batch is idle time."""
+
+    def __init__(self, rollout: SearchRollout, backend, questions: list[str], groups: list[list[int]],
+                 pool: list[str], room: int | None):
+        self.rollout, self.backend, self.pool, self.room = rollout, backend, pool, room
+        self.questions = list(questions)  # every sample's question, the refills' appended as they join
+        self.originals = len(groups)
+        self.members = [list(g) for g in groups]  # group -> its samples (the batch's groups, then refills)
+        self.stands_for = list(range(len(groups)))  # group -> the batch's group it would replace
+        self.group_of = {i: g for g, members in enumerate(groups) for i in members}
+        self.running = [set(g) for g in groups]
+        self.attempts = [0] * len(groups)  # per batch group: refills drawn for it
+        self.replacing: dict[int, int] = {}  # batch group -> the informative refill group that replaces it
+        self.signals: dict[int, tuple[float, float | None]] = {}  # sample -> (accuracy, budget score)
+        self.tried = 0
+
+    def finished(self, trajs: list[Trajectory], done: list[int], controller) -> list[NewSample]:
+        """The engine's feed: the samples of refill groups drawn for the groups that ``done`` completed flat."""
+        joining: list[NewSample] = []
+        for i in done:
+            trajs[i].final_answer = _final_answer(controller, i, trajs[i])
+            g = self.group_of[i]
+            self.running[g].discard(i)
+            if self.running[g]:
+                continue
+            members = self.members[g]
+            signals = self.rollout._signals([self.questions[j] for j in members], [trajs[j] for j in members])
+            self.signals.update(zip(members, signals))
+            target = self.stands_for[g]
+            if not self.rollout._flat([list(range(len(members)))], signals):
+                if g >= self.originals:
+                    self.replacing[target] = g
+                continue
+            if (self.attempts[target] >= self.rollout.dapo.max_resample or not self.pool
+                    or (self.room is not None and self.tried >= self.room)):
+                continue
+            self.attempts[target] += 1
+            self.tried += 1
+            question = self.pool.pop()
+            prompt = self.rollout._prompts(self.backend, [question])[0]
+            first = len(trajs) + len(joining)  # the engine appends the joining samples in this order
+            group = list(range(first, first + len(self.members[target])))
+            self.members.append(group)
+            self.stands_for.append(target)
+            self.running.append(set(group))
+            self.attempts.append(0)
+            for j in group:
+                self.group_of[j] = len(self.members) - 1
+                self.questions.append(question)
+                joining.append(NewSample(prompt, question, self.rollout._prefix(), self.rollout._search_of(question)))
+        return joining
+
+    def replace(self, questions: list[str], trajs: list[Trajectory], signals: list, rolled: list[Trajectory]
+                ) -> tuple[int, int]:
+        """The batch's flat groups replaced, in place, by their informative refills; (groups refilled, questions
+        tried), as :meth:`SearchRollout._refill` returns them."""
+        for target, g in self.replacing.items():
+            for slot, src in zip(self.members[target], self.members[g]):
+                questions[slot], trajs[slot], signals[slot] = self.questions[src], rolled[src], self.signals[src]
+        return len(self.replacing), self.tried
 
 
 def vllm_server_url(args) -> str:

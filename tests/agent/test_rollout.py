@@ -3,9 +3,9 @@ import pytest
 
 from kunlunlab.agent.backends import chat_prompt_ids, text_ids
 from kunlunlab.agent.protocol import build_messages
-from kunlunlab.agent.rollout import RolloutConfig, RolloutEngine
+from kunlunlab.agent.rollout import NewSample, RolloutConfig, RolloutEngine
 from kunlunlab.retrieval.client import RetrievalClient, free_port
-from scripted import CountingSearch, ScriptedBackend, interleaved
+from scripted import ContinuingScriptedBackend, CountingSearch, ScriptedBackend, interleaved
 
 
 SCRIPTS = [
@@ -95,3 +95,41 @@ def test_a_full_batch_of_continuing_rows_gives_each_sample_its_own_trajectory(ba
     for prompt, q, t in zip(prompts, qs, together):
         alone = RolloutEngine(backend, world_retriever.search, config).run([prompt], [q], prefixes=[prefix])[0]
         assert t.completion_ids == alone.completion_ids and t.mask == alone.mask and t.finish == alone.finish
+
+
+def test_each_samples_queries_go_to_its_own_search_one_call_per_search_and_turn(tokenizer):
+    world, real = CountingSearch(), CountingSearch()
+    backend = ScriptedBackend(tokenizer, SCRIPTS)
+    trajs = RolloutEngine(backend, world, RolloutConfig(top_k=1)).run([[1, 2], [3], [4]], ["q0", "q1", "q2"],
+                                                                      searches=[None, real, None])
+    assert world.calls == [["alpha film"], ["beta person", "gamma city"]]
+    assert real.calls == [["omega"]]
+    assert trajs[1].doc_ids == [["omega-0"]] and trajs[1].answer == "Omega"
+    with pytest.raises(ValueError, match="2 searches for 3 prompts"):
+        RolloutEngine(backend, world).run([[1], [2], [3]], ["a", "b", "c"], searches=[None, None])
+
+
+def test_samples_a_feed_adds_join_the_running_batch_as_rows_free_up(tokenizer):
+    """A quick sample finishes at step 2 of a batch whose slowest turn takes 10: the sample the feed adds then
+    takes its row at once (not after the batch), searches its own search and ends up last in the result."""
+    turns = {"quick": [("<short_answer>\\boxed{A}</short_answer>", 2)],
+             "slow": [("<short_answer>\\boxed{B}</short_answer>", 10)],
+             "added": [("<search><query>gamma</query></search>", 3), ("<short_answer>\\boxed{C}</short_answer>", 1)]}
+    backend = ContinuingScriptedBackend(tokenizer, lambda prompt, turn, row: turns[prompt][turn])
+    own, asked = CountingSearch(), []
+
+    def feed(trajs, done):
+        asked.append((len(trajs), list(done)))
+        return [NewSample(text_ids(tokenizer, "added"), "q-added", "", own)] if done == [0] else []
+
+    prompts = [text_ids(tokenizer, "quick"), text_ids(tokenizer, "slow")]
+    trajs = RolloutEngine(backend, CountingSearch(), RolloutConfig(top_k=1)).run(prompts, ["q-quick", "q-slow"],
+                                                                                 feed=feed)
+    assert [t.question for t in trajs] == ["q-quick", "q-slow", "q-added"]
+    assert [t.answer for t in trajs] == ["A", "B", "C"]
+    assert backend.added == [(2, [2])]  # joined when the quick one ended, in its row
+    assert (6, 2) in backend.ended and (10, 1) in backend.ended  # the added sample was done before the slow one
+    assert own.calls == [["gamma"]] and trajs[2].doc_ids == [["gamma-0"]]
+    assert asked[0] == (2, [0]) and sorted(i for _, done in asked for i in done) == [0, 1, 2]
+    with pytest.raises(ValueError, match="no feed"):
+        RolloutEngine(ScriptedBackend(tokenizer, SCRIPTS), CountingSearch()).run([[1]], ["q"], feed=feed)

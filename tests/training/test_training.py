@@ -343,6 +343,56 @@ def test_dynamic_sampling_refills_no_more_than_the_comparisons_rollout_budget_le
     assert unbounded.history[-1]["refilled_groups"] == 2 and unbounded.history[-1]["generated"] == 8
 
 
+def test_a_group_that_ends_flat_is_refilled_while_the_batch_still_runs(backend):
+    """Where the session takes rows mid-rollout (the local backend's), dynamic sampling does not wait for the
+    batch: q0's two samples are both right by decode step 2 (flat) while q1's take 20 steps; the refill question,
+    q2 (the pool's only other question), joins at step 2 in q0's rows and, informative, takes q0's place, as a
+    refill after the batch would. With no rollouts left in the budget, nothing joins and q0 leaves the loss."""
+    from scripted import ContinuingScriptedBackend, CountingSearch
+    from kunlunlab.training.dapo import SearchRollout
+
+    def answer(text):
+        return f"so</think><short_answer>\\boxed{{{text}}}</short_answer>"
+
+    # question -> (the answers of its group's first and second sample, decode steps each takes)
+    plan = {"Which q0?": (["gold-q0", "gold-q0"], 2), "Which q1?": (["gold-q1", "wrong"], 20),
+            "Which q2?": (["wrong", "gold-q2"], 3)}
+
+    def script(prompt, turn, row):
+        question = next(q for q in plan if q in prompt)
+        answers, steps = plan[question]
+        return answer(answers[row % 2]), steps
+
+    def rollout_with(cfg):
+        scripted = ContinuingScriptedBackend(backend.tokenizer, script)
+
+        class Local(SearchRollout):
+            def _backend(self, trainer, model):
+                return scripted
+
+        answers = {q: ["gold-" + q.split()[1].rstrip("?")] for q in plan}
+        return Local(CountingSearch(), backend.tokenizer, answers, RolloutConfig(), cfg, RewardConfig()), scripted
+
+    rollout, scripted = rollout_with(DAPOStageConfig(max_resample=1, num_generations=2))
+    out = rollout(["Which q0?", "Which q0?", "Which q1?", "Which q1?"], _stub_trainer())
+    assert scripted.added == [(2, [4, 5])]  # at step 2, in the rows q0 left, long before q1's samples end at 20
+    assert [a[0] for a in out["answers"]] == ["gold-q2", "gold-q2", "gold-q1", "gold-q1"]
+    assert [p["answer"] for p in out["parse"]] == ["wrong", "gold-q2", "gold-q1", "wrong"]
+    assert all(any(m) for m in out["env_mask"])
+    stats = rollout.history[-1]
+    assert (stats["flat_groups_before"], stats["refilled_groups"], stats["refill_questions_tried"],
+            stats["flat_groups"], stats["generated"]) == (1, 1, 1, 0, 6)
+    assert stats["prompts"] == ["Which q0?", "Which q0?", "Which q1?", "Which q1?"]
+
+    rollout, scripted = rollout_with(DAPOStageConfig(max_resample=1, num_generations=2, prompts_per_step=2,
+                                                     steps=4, max_rollouts=5))
+    rollout._generated_before = 0
+    out = rollout(["Which q0?", "Which q0?", "Which q1?", "Which q1?"], _stub_trainer())
+    assert scripted.added == []
+    assert [any(m) for m in out["env_mask"]] == [False, False, True, True]
+    assert rollout.history[-1]["generated"] == 4
+
+
 @pytest.mark.parametrize("includes_budget, w_budget, q0_in_loss", [(False, 0.5, False), (True, 0.5, True),
                                                                    (True, 0.0, False)])
 def test_a_group_right_everywhere_but_unequal_in_searches_is_informative_when_flatness_includes_the_budget(
