@@ -390,31 +390,53 @@ class TransformersSession:
     def add(self, prompts: Sequence[Sequence[int]], rows: Sequence[int]) -> None:
         """New rows ``rows`` with their prompts take free slots (continuous batching: a finished row's slot goes to
         the next question); prompts that start with the session's shared prefix get its keys/values copied and
-        only the rest prefilled."""
+        only the rest prefilled. Rows added together with the same prompt (an RL group's samples) prefill it once:
+        the others get a copy of its keys/values and next-token logits, and sample on from there on their own."""
         rows = list(rows)
         if len(rows) != len(prompts) or any(r in self.slot_of for r in rows) or any(len(p) == 0 for p in prompts):
             raise ValueError("add needs one non-empty prompt per new row id")
         if not rows:
             return
         slots = self._take_slots(len(rows))
-        feeds = []
-        copied = []
+        fed, feeds, copied = [], [], []
+        first_with: dict[tuple[int, ...], int] = {}  # prompt -> the slot that prefills it
+        same_as: dict[int, int] = {}  # slot -> the slot whose prompt it repeats
         for row, slot, prompt in zip(rows, slots, prompts):
             self.slot_of[row] = slot
             self.leads[row] = list(prompt[-_LEAD_WINDOW:])
             prompt = list(prompt)
             if self.backend.draft_tokens:
                 self.drafts[row] = NgramDrafts(prompt)
+            key = tuple(prompt)
+            if key in first_with:
+                same_as[slot] = first_with[key]
+                continue
+            first_with[key] = slot
             if self.prefix and len(prompt) > len(self.prefix[0]) and prompt[:len(self.prefix[0])] == self.prefix[0]:
                 copied.append(slot)
                 self.lengths[slot] = len(self.prefix[0])
                 prompt = prompt[len(self.prefix[0]):]
             else:
                 self.lengths[slot] = 0
+            fed.append(slot)
             feeds.append(prompt)
         if copied:
             self.cache.copy_prefix(self.prefix[1], self.torch.tensor(copied, device=self.device), len(self.prefix[0]))
-        self._feed(slots, feeds)
+        self._feed(fed, feeds)
+        self._copy_slots(same_as)
+
+    def _copy_slots(self, same_as: dict[int, int]) -> None:
+        """Each slot of ``same_as`` becomes a copy of its source slot: keys/values, length and next-token logits."""
+        by_source: dict[int, list[int]] = {}
+        for slot, source in same_as.items():
+            by_source.setdefault(source, []).append(slot)
+        for source, targets in by_source.items():
+            length = self.lengths[source]
+            index = self.torch.tensor(targets, dtype=self.torch.long, device=self.device)
+            self.cache.copy_prefix(self.cache.snapshot(source, length), index, length)
+            self.next_logits[index] = self.next_logits[source].clone()
+            for slot in targets:
+                self.lengths[slot] = length
 
     # -- model calls -------------------------------------------------------------------------------------------
     def _forward(self, ids, slots, starts: list[int], keep):

@@ -122,6 +122,26 @@ def test_rows_continue_one_by_one_and_new_rows_take_free_slots(exact, prompts):
         assert got[row].token_ids == generate_once(exact, [prompts[row]], limits[row], stop=())[0].token_ids
 
 
+def test_rows_with_the_same_prompt_prefill_it_once_and_continue_as_if_alone(exact, prompts):
+    """An RL group's samples share their prompt: it is prefilled once, the other rows copy its keys/values, and each
+    row generates what that prompt generates alone (greedy) or draws on its own (sampling)."""
+    from kunlunlab.agent.backends import SamplingConfig
+
+    batch = [prompts[0], prompts[1], prompts[0], prompts[0]]
+    shared = _shared_prefix_length(batch)
+    session = exact.open(batch)
+    assert session.tokens_processed == shared + (len(prompts[0]) - shared) + (len(prompts[1]) - shared)
+    out = session.generate(range(4), 12, stop=())
+    alone = [generate_once(exact, [p], 12, stop=())[0].token_ids for p in prompts[:2]]
+    assert [out[r].token_ids for r in range(4)] == [alone[0], alone[1], alone[0], alone[0]]
+    session.release([1])
+    session.add([prompts[2], prompts[2]], [4, 5])  # rows added later with one prompt: one prefill too
+    later = session.generate([4, 5], 8, stop=())
+    assert later[4].token_ids == later[5].token_ids == generate_once(exact, [prompts[2]], 8, stop=())[0].token_ids
+    sampled = exact.open([prompts[0]] * 4, SamplingConfig(temperature=1.0, seed=3)).generate(range(4), 12, stop=())
+    assert len({tuple(seg.token_ids) for seg in sampled.values()}) > 1
+
+
 def test_released_rows_leave_and_the_batch_compacts_without_changing_the_others(exact, prompts):
     session = exact.open(prompts + prompts[:1])
     first = session.generate(range(4), 3, stop=())
