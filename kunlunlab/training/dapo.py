@@ -103,11 +103,11 @@ class SearchRollout:
         loss is computed by TRL on the policy in its own dtype, as with a vLLM generation server.
         ``routes``: question → the search its rollouts use instead of ``search`` (real RL prompts search their
         corpus's service while the world's questions search the world's index); they are rolled out in one batch,
-        each sample's queries sent to its own search. ``facts``: summary-oriented questions' gold facts (the accuracy term then scores
-        the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`). ``protocol``: the agent
-        protocol the rollouts speak (:mod:`kunlunlab.agent.protocols`; a peer's prompt, tags and document block);
-        for a peer's protocol, accuracy (the stats' and dynamic sampling's) is the exact match of the answer the
-        peer's own extraction reads, and format compliance the peer's own format check."""
+        each sample's queries sent to its own search. ``facts``: summary-oriented questions' gold facts (the
+        accuracy term then scores the summary's coverage too, :func:`~kunlunlab.training.rewards.accuracy_score`).
+        ``protocol``: the agent protocol the rollouts speak (:mod:`kunlunlab.agent.protocols`; a peer's prompt,
+        tags and document block); for a peer's protocol, accuracy (the stats' and dynamic sampling's) is the exact
+        match of the answer the peer's own extraction reads, and format compliance the peer's own format check."""
         self.search, self.tokenizer, self.answers = search, tokenizer, answers
         self.inference_dtype = inference_dtype
         self.supporting = supporting or {}
@@ -465,7 +465,7 @@ class _Refills:
         self.stands_for = list(range(len(groups)))  # group -> the batch's group it would replace
         self.group_of = {i: g for g, members in enumerate(groups) for i in members}
         self.running = [set(g) for g in groups]
-        self.attempts = [0] * len(groups)  # per batch group: refills drawn for it
+        self.attempts = [0] * len(groups)  # per batch group (a refill's ``stands_for``): refills drawn for it
         self.replacing: dict[int, int] = {}  # batch group -> the informative refill group that replaces it
         self.signals: dict[int, tuple[float, float | None]] = {}  # sample -> (accuracy, budget score)
         self.tried = 0
@@ -499,7 +499,6 @@ class _Refills:
             self.members.append(group)
             self.stands_for.append(target)
             self.running.append(set(group))
-            self.attempts.append(0)
             for j in group:
                 self.group_of[j] = len(self.members) - 1
                 self.questions.append(question)
