@@ -27,6 +27,8 @@ import platform
 import sys
 import threading
 
+from transformers import TrainerCallback
+
 from kunlunlab.models import c_library_function
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's mallopt p
 GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
 LARGEST_MMAP_THRESHOLD = 32 * 2**20  # the most glibc's dynamic mmap threshold grows to on 64-bit
 
-_state = {"mallopt": None, "depth": 0}
+_state = {"mallopt": None, "depth": 0, "keep_bytes": 0}
 _lock = threading.Lock()
 
 
@@ -54,7 +56,35 @@ def keep_freed_memory(keep_gb: float) -> bool:
     if not (mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, trim)):
         return False
     _state["mallopt"] = mallopt
+    _state["keep_bytes"] = trim
     return True
+
+
+class ReturnFreedPages(TrainerCallback):
+    """After every optimizer step of a CPU training stage, the heap's free pages go back to the system (glibc's
+    ``malloc_trim``), all but the top ``keep_freed_memory`` keeps for the next step's LM-head tiles.
+
+    Why: every step's activations have another size (length-grouped batches), torch frees them into glibc's heap,
+    and the heap's holes stay resident, so a stage's resident memory climbs step after step to far above what it
+    holds live (docs/training.md, "Memory on CPU"). Returned at each step's end, a hole costs page faults when the
+    next step reuses it, instead of staying resident through the stage. Measured on make run's SFT (its first 40 of 78
+    steps from make run's own mixed trajectories, one thread per run, the two runs side by side, 2-core EPYC,
+    2026-12-04): peak resident 5.24 -> 4.30 GiB (after step 40: 5.24 -> 3.44), 513.1 -> 546.1 s (+6 %: the
+    page faults), the same loss at every step."""
+
+    def __init__(self):
+        self.trim = c_library_function("malloc_trim")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trim(_state["keep_bytes"])
+
+
+def freed_pages_returned() -> list:
+    """:class:`ReturnFreedPages` for a CPU training stage where the C library has ``malloc_trim`` (glibc), else
+    nothing."""
+    if c_library_function("malloc_trim") is None:
+        return []
+    return [ReturnFreedPages()]
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
 
 from kunlunlab.training.compat import checkpointing_args
+from kunlunlab.training.cpu_heap import freed_pages_returned
 from kunlunlab.training.config import SFTStageConfig
 from kunlunlab.training.mixing import TrajectoryExample, tokenize_trajectory
 from kunlunlab.training.progress import show_progress
@@ -86,13 +87,15 @@ def _has_accelerator() -> bool:
 def run_sft(model, tokenizer, dataset, cfg: SFTStageConfig, output_dir: Path, seed: int = 0,
             callbacks: list | None = None, peft_config=None, **arg_overrides):
     """Trains in place (with ``peft_config``, a LoRA adapter on ``model``); resumes from the last checkpoint in
-    ``output_dir``. Returns the trainer."""
+    ``output_dir``. Returns the trainer. On a CPU the heap's free pages go back to the system after every step
+    (:class:`~kunlunlab.training.cpu_heap.ReturnFreedPages`)."""
     score_labelled_positions_on_cpu()
     reuse_head_tiles_on_cpu()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     trainer = SFTTrainer(model=model, args=sft_args(cfg, output_dir, seed, **arg_overrides), train_dataset=dataset,
-                         processing_class=tokenizer, callbacks=callbacks, peft_config=peft_config)
+                         processing_class=tokenizer, peft_config=peft_config,
+                         callbacks=[*(callbacks or []), *([] if _has_accelerator() else freed_pages_returned())])
     show_progress(trainer, "SFT")
     train_from_last_checkpoint(trainer, output_dir, "SFT")
     return trainer
