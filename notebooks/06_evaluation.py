@@ -37,7 +37,7 @@ train_config = "experiments/configs/training/train_embedded_cpu.json"  # whose h
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]
 datasets = ["world", "world_summary", "hotpotqa_distractor"]  # make run's; add "2wikimultihopqa", "musique",
                            # "bamboogle" (searched in a corpus lacking most of their evidence; series_goal_sizes.json)
-world_questions = 10       # held-out synthetic questions (make run's size; the README's larger run: 100)
+world_questions = 50       # held-out synthetic questions (make run's size, as notebook 04's; the larger run: 100)
 summary_questions = 5      # held-out summary-oriented world questions (world_summary: the long-answer mode)
 hotpot_questions = 5       # held-out HotpotQA distractor questions
 limit = 5                  # questions of each other benchmark (make run: a smoke-sized cell, see the README)
