@@ -129,6 +129,12 @@ def ragged_cache_class():
                 layer._k[slots, :, :length] = k
                 layer._v[slots, :, :length] = v
 
+        def copy_slot(self, source: int, slots, length: int) -> None:
+            """The first ``length`` columns of slot ``source`` copied into ``slots`` (a long tensor without it)."""
+            for layer in self.layers:
+                layer._k[slots, :, :length] = layer._k[source, :, :length]
+                layer._v[slots, :, :length] = layer._v[source, :, :length]
+
         def snapshot(self, slot: int, length: int):
             return [(layer._k[slot, :, :length].clone(), layer._v[slot, :, :length].clone()) for layer in self.layers]
 

@@ -433,7 +433,7 @@ class TransformersSession:
         for source, targets in by_source.items():
             length = self.lengths[source]
             index = self.torch.tensor(targets, dtype=self.torch.long, device=self.device)
-            self.cache.copy_prefix(self.cache.snapshot(source, length), index, length)
+            self.cache.copy_slot(source, index, length)
             self.next_logits[index] = self.next_logits[source].clone()
             for slot in targets:
                 self.lengths[slot] = length

@@ -101,7 +101,7 @@ _RESIDENT_AFTER_A_STEP = """
 import json, sys
 import psutil
 import torch
-from kunlunlab.training.cpu_heap import ReturnFreedPages, keep_freed_memory
+from kunlunlab.training.cpu_heap import freed_pages_returned, keep_freed_memory
 
 assert keep_freed_memory(1.0)
 process = psutil.Process()
@@ -111,7 +111,7 @@ live = torch.ones(16 * 1024)
 peak = process.memory_info().rss
 del activations
 if sys.argv[1] == "returned":
-    ReturnFreedPages().on_step_end(None, None, None)
+    freed_pages_returned()[0].on_step_end(None, None, None)
 print(json.dumps({"peak": (peak - start) / 2**20, "after": (process.memory_info().rss - start) / 2**20}))
 """
 
