@@ -8,6 +8,9 @@ producing the same number of tokens (``min_new_tokens`` = ``max_new_tokens``, so
 questions' chat prompts. ``ratio`` = agent model tokens/s over plain tokens/s. The agent's figure includes
 everything an evaluation does (RDRA, retrieval, STIE, appended results); loading the model and the index is not
 timed (both sides load once). ``--model``: a trained checkpoint (the untrained embedded model rarely searches).
+``--repeats``: evaluations and plain runs alternate that many times and each figure is the median over the
+repeats, every run listed under ``runs``: on the 2-core EPYC one plain run's tokens/s moved from 194 to 231 within
+twenty minutes, so a single ratio moved by ±0.05 (docs/reference.md).
 
 ``dapo-step`` starts from a run folder whose SFT stage finished (its ``sft/final`` and ``train_config.json``) and
 runs ``--steps`` DAPO steps of that run's own recipe in a temporary folder, the SFT model as the start: seconds per
@@ -16,6 +19,7 @@ step, the rollouts (summed from the stage's rollout log) and the rest (TRL's upd
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,6 +33,12 @@ class AgentLoopBenchConfig:
     questions: int = 40          # held-out world questions per method
     batch: int = 20
     dtype: str = "auto"          # the generation dtype of both sides (auto: bfloat16 where the CPU has it)
+    repeats: int = 1             # evaluation and plain runs alternated this many times; medians reported
+
+    def __post_init__(self):
+        if self.questions < 1 or self.batch < 1 or self.repeats < 1:
+            raise SystemExit(f"agent-loop: --questions, --batch and --repeats must be at least 1 (got "
+                             f"{self.questions}, {self.batch}, {self.repeats})")
 
 
 def _plain_generate(backend, prompts: list[list[int]], tokens_per_row: int) -> float:
@@ -58,33 +68,47 @@ def bench_agent_loop(cfg: AgentLoopBenchConfig) -> dict:
     from kunlunlab.eval.harness import EvalConfig, build_pipeline, evaluate, load_data, with_checkpoint_settings
 
     out: dict = {"batch": cfg.batch, "questions": cfg.questions, "threads": torch.get_num_threads(),
-                 "model": cfg.model or "embedded"}
-    backend = None
+                 "model": cfg.model or "embedded", "repeats": cfg.repeats}
+    methods = [m.strip() for m in cfg.methods.split(",") if m.strip()]
+    runs: dict[str, list[dict]] = {method: [] for method in methods}
+    backend, setups = None, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for method in [m.strip() for m in cfg.methods.split(",") if m.strip()]:
+        for method in methods:  # load and index outside the clock
             config = with_checkpoint_settings(EvalConfig(dataset="world", method=method, limit=cfg.questions,
                                                          batch_size=cfg.batch, model=cfg.model, dtype=cfg.dtype),
                                               explicit={"method"})
             examples, passages = load_data(config)
-            _, retriever, backend = build_pipeline(config, passages, backend)  # load and index outside the clock
-            records = Path(tmp) / f"{method}.jsonl"
-            start = time.perf_counter()
-            summary = evaluate(config, records, backend=backend, examples=examples, passages=passages,
-                               retriever=retriever, progress=False)
-            seconds = time.perf_counter() - start
-            rows = [json.loads(line) for line in records.read_text().splitlines()]
-            tokens = sum(sum(r["trajectory"].get("mask", [])) for r in rows)
-            out[method] = {"seconds": round(seconds, 1), "seconds_per_question": round(seconds / len(rows), 2),
-                           "model_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1),
-                           "em": summary.get("em"),
-                           "answer_tag_share": summary.get("tagged_share")}
+            _, retriever, backend = build_pipeline(config, passages, backend)
+            setups[method] = (config, examples, passages, retriever)
         prompts = [chat_prompt_ids(backend.tokenizer, build_messages(ex.question)) for ex in examples[:cfg.batch]]
-        for method in [m for m in out if isinstance(out[m], dict)]:
-            per_row = max(1, -(-out[method]["model_tokens"] // len(prompts)))  # the same token count
-            plain_s = _plain_generate(backend, prompts, per_row)
-            plain = len(prompts) * per_row / plain_s
-            out[method].update(plain_tokens_per_s=round(plain, 1),
-                               ratio=round(out[method]["tokens_per_s"] / plain, 3))
+        for repeat in range(cfg.repeats):
+            for method in methods:
+                config, examples, passages, retriever = setups[method]
+                records = Path(tmp) / f"{method}.{repeat}.jsonl"
+                start = time.perf_counter()
+                summary = evaluate(config, records, backend=backend, examples=examples, passages=passages,
+                                   retriever=retriever, progress=False)
+                seconds = time.perf_counter() - start
+                rows = [json.loads(line) for line in records.read_text().splitlines()]
+                tokens = sum(sum(r["trajectory"].get("mask", [])) for r in rows)
+                per_row = max(1, -(-tokens // len(prompts)))  # plain generate of the same token count
+                plain = len(prompts) * per_row / _plain_generate(backend, prompts, per_row)
+                runs[method].append({"seconds": round(seconds, 1), "model_tokens": tokens,
+                                     "tokens_per_s": round(tokens / seconds, 1), "plain_tokens_per_s": round(plain, 1),
+                                     "ratio": round(tokens / seconds / plain, 3), "em": summary.get("em"),
+                                     "answer_tag_share": summary.get("tagged_share"), "questions": len(rows)})
+    for method, done in runs.items():
+        middle = {key: statistics.median(run[key] for run in done)
+                  for key in ("seconds", "tokens_per_s", "plain_tokens_per_s", "ratio")}
+        last = done[-1]
+        out[method] = {"seconds": round(middle["seconds"], 1),
+                       "seconds_per_question": round(middle["seconds"] / last["questions"], 2),
+                       "model_tokens": last["model_tokens"], "tokens_per_s": round(middle["tokens_per_s"], 1),
+                       "em": last["em"], "answer_tag_share": last["answer_tag_share"],
+                       "plain_tokens_per_s": round(middle["plain_tokens_per_s"], 1),
+                       "ratio": round(middle["ratio"], 3)}
+        if cfg.repeats > 1:
+            out[method]["runs"] = [{k: v for k, v in run.items() if k != "questions"} for run in done]
     out["dtype"] = str(next(backend.model.parameters()).dtype).removeprefix("torch.")
     return out
 
