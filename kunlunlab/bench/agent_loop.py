@@ -96,19 +96,19 @@ def bench_agent_loop(cfg: AgentLoopBenchConfig) -> dict:
                 runs[method].append({"seconds": round(seconds, 1), "model_tokens": tokens,
                                      "tokens_per_s": round(tokens / seconds, 1), "plain_tokens_per_s": round(plain, 1),
                                      "ratio": round(tokens / seconds / plain, 3), "em": summary.get("em"),
-                                     "answer_tag_share": summary.get("tagged_share"), "questions": len(rows)})
+                                     "answer_tag_share": summary.get("tagged_share")})
     for method, done in runs.items():
         middle = {key: statistics.median(run[key] for run in done)
                   for key in ("seconds", "tokens_per_s", "plain_tokens_per_s", "ratio")}
         last = done[-1]
         out[method] = {"seconds": round(middle["seconds"], 1),
-                       "seconds_per_question": round(middle["seconds"] / last["questions"], 2),
+                       "seconds_per_question": round(middle["seconds"] / len(setups[method][1]), 2),
                        "model_tokens": last["model_tokens"], "tokens_per_s": round(middle["tokens_per_s"], 1),
                        "em": last["em"], "answer_tag_share": last["answer_tag_share"],
                        "plain_tokens_per_s": round(middle["plain_tokens_per_s"], 1),
                        "ratio": round(middle["ratio"], 3)}
         if cfg.repeats > 1:
-            out[method]["runs"] = [{k: v for k, v in run.items() if k != "questions"} for run in done]
+            out[method]["runs"] = done
     out["dtype"] = str(next(backend.model.parameters()).dtype).removeprefix("torch.")
     return out
 
