@@ -45,7 +45,7 @@ base_model = None         # the model every arm starts from and the baselines ru
                           # comparison's (the embedded SmolLM2-135M-Instruct)
 baselines = ["naive_gen", "naive_rag", "iter_retgen", "ircot", "search_o1"]   # prompt baselines, on the base model
 baseline_records = None   # a folder of world.<baseline>.jsonl records of them on the base model (make run passes
-                          # notebook 06's): reused where they answered the arms' questions with the arms' settings
+                          # notebook 06's): reused where they measure what the arms' settings would
 kept = "experiments/results/table2_budget"   # the kept full-size Table 2 (its run folders <kept_comparison>.<arm>.s<seed>)
 kept_comparison = "table2"   # the comparison those runs ran (experiments/configs/comparisons/table2.json)
 smoke = False

@@ -38,6 +38,12 @@ from kunlunlab.retrieval.client import RetrievalServiceError
 
 
 PROMPT_KINDS = ("auto", "chat", "base")  # MethodConfig.prompt
+# RolloutConfig fields only a turn loop reads (the agents' engines): its searches, turns, total budget and result
+# blocks. A method with ``turn_loop = False`` answers in calls of its own fixed lengths
+# (``MethodConfig.answer_tokens``, ``ircot_sentence_tokens``), so these fields cannot change its records; it reads
+# only the rollout's ``top_k`` and ``sampling`` (test: tests/eval/test_eval_resume.py)
+TURN_LOOP_FIELDS = ("max_searches", "max_turn_tokens", "max_total_tokens", "max_result_chars",
+                    "block_repeated_queries", "result_suffix")
 
 
 @dataclass
@@ -78,6 +84,7 @@ class MethodOutput:
 class Method:
     name = ""
     continuous = False  # run() keeps config.max_batch rows generating over any number of questions
+    turn_loop = True    # reads the rollout's TURN_LOOP_FIELDS (assumed of any method not declaring otherwise)
 
     def __init__(self, backend: Backend, search: SearchFn | None, config: MethodConfig | None = None):
         self.backend, self.search, self.config = backend, search, config or MethodConfig()
@@ -113,6 +120,7 @@ class Method:
 
 class NaiveGeneration(Method):
     name = "naive_gen"
+    turn_loop = False
 
     def run(self, questions):
         texts = self._answer([QUESTION_USER_TEMPLATE.format(question=q) for q in questions])
@@ -122,6 +130,7 @@ class NaiveGeneration(Method):
 
 class NaiveRAG(Method):
     name = "naive_rag"
+    turn_loop = False
 
     def run(self, questions):
         hits = self._retrieve(questions)
@@ -135,6 +144,7 @@ class NaiveRAG(Method):
 
 class IterRetGen(Method):
     name = "iter_retgen"
+    turn_loop = False
 
     def run(self, questions):
         generations = [""] * len(questions)
@@ -155,6 +165,7 @@ class IterRetGen(Method):
 
 class IRCoT(Method):
     name = "ircot"
+    turn_loop = False
 
     def run(self, questions):
         cfg = self.config

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kunlunlab.agent.methods import METHODS, TURN_LOOP_FIELDS
 from kunlunlab.configs import leaf_values
 from kunlunlab.data.types import QAExample
 
@@ -141,18 +142,30 @@ def kept_records(config: EvalConfig, out: str | Path, examples: list[QAExample],
     return records, size
 
 
+def _measured(identity: dict) -> dict:
+    """What of an evaluation identity a record depends on beyond its question: all but ``limit``, and for a method
+    without a turn loop (``Method.turn_loop``: the prompt baselines but Search-o1) all but the rollout's
+    :data:`~kunlunlab.agent.methods.TURN_LOOP_FIELDS`, which it never reads."""
+    measured = {**identity, "limit": None}
+    method = METHODS.get(identity.get("method"))
+    if method is not None and not method.turn_loop and isinstance(measured.get("rollout"), dict):
+        measured["rollout"] = {k: v for k, v in measured["rollout"].items() if k not in TURN_LOOP_FIELDS}
+    return measured
+
+
 def records_of_same_evaluation(config: EvalConfig, source: str | Path, examples: list[QAExample]) -> list[dict] | None:
     """``examples``' records taken from ``source``, a finished records file of the same evaluation over more or other
     questions (greedy answers: a question's record depends on it and the configuration, the batch it shared
-    aside), in ``examples``' order; None when its sidecar shows another configuration (anything but ``limit`` differing) or a
-    question is missing or differs. Notebook 08 reuses notebook 06's prompt baselines this way."""
+    aside), in ``examples``' order; None when its sidecar shows another configuration (anything but ``limit``
+    differing, or for a method without a turn loop the budgets it does not read: :func:`_measured`) or a question
+    is missing or differs. Notebook 08 reuses notebook 06's prompt baselines this way (its 256-token budget is
+    not 06's 1,024: the four without a turn loop are reused, Search-o1 runs again)."""
     records, _ = read_records(source)
     try:  # an unreadable sidecar vouches for nothing: the questions are answered again
         saved = saved_identity(source) if records else None
     except RecordsConflict:
         return None
-    wanted = evaluation_identity(config)
-    if saved is None or {**saved, "limit": None} != {**wanted, "limit": None}:
+    if saved is None or _measured(saved) != _measured(evaluation_identity(config)):
         return None
     by_id = {r["id"]: r for r in records}
     chosen = [by_id.get(ex.id) for ex in examples]

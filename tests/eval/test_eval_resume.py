@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 import kunlunlab.eval.harness as harness
+from kunlunlab.agent.methods import METHODS
 from kunlunlab.agent.backends import Segment, text_ids
 from kunlunlab.agent.errors import GenerationServiceError
 from kunlunlab.agent.rollout import RolloutConfig
@@ -344,6 +345,10 @@ def test_a_larger_run_of_the_same_evaluation_lends_its_records_and_no_other_does
     assert [r["id"] for r in got] == [examples[5].id, examples[2].id]
     assert [r["em"] for r in got] == [0.0, 1.0]  # question 5 was answered wrongly, question 2 rightly
     assert records_of_same_evaluation(replace(_config(), limit=2, rollout=RolloutConfig(top_k=5)), out, wanted) is None
+    # naive_rag has no turn loop: an agent's budgets do not change its records (notebook 08's 256 tokens, 06's 1,024)
+    budgets = RolloutConfig(max_total_tokens=256, max_turn_tokens=16, max_searches=1, max_result_chars=50)
+    assert [r["id"] for r in records_of_same_evaluation(replace(_config(), rollout=budgets), out, wanted)] == \
+        [examples[5].id, examples[2].id]
     assert records_of_same_evaluation(_config("naive_gen"), out, wanted) is None
     other = replace(examples[2], answers=["somebody else"])
     assert records_of_same_evaluation(_config(), out, [examples[5], other]) is None
@@ -353,6 +358,50 @@ def test_a_larger_run_of_the_same_evaluation_lends_its_records_and_no_other_does
     assert records_of_same_evaluation(_config(), tmp_path / "absent.jsonl", wanted) is None
     records_config_path(out).write_text("{not json")  # a damaged sidecar vouches for nothing
     assert records_of_same_evaluation(_config(), out, [examples[2]]) is None  # question 2 is still there
+
+
+class Recording(Answering):
+    """:class:`Answering` that also logs every generation call as (prompt tail, token limit per row, stop strings)."""
+
+    def __init__(self, tokenizer, replies):
+        super().__init__(tokenizer, replies)
+        self.log: list[tuple] = []
+
+    def open(self, prompts, sampling=None):
+        session, outer = super().open(prompts, sampling), self
+        answer = session.generate
+
+        def generate(rows, max_new_tokens, stop=()):
+            rows = list(rows)
+            limits = [max_new_tokens[r] if isinstance(max_new_tokens, dict) else max_new_tokens for r in rows]
+            outer.log.append(([outer.tokenizer.decode(prompts[r][-200:]) for r in rows], limits, tuple(stop)))
+            return answer(rows, max_new_tokens, stop)
+
+        session.generate = generate
+        return session
+
+
+@pytest.mark.parametrize("method, turn_loop", [("naive_gen", False), ("naive_rag", False), ("iter_retgen", False),
+                                               ("ircot", False), ("search_o1", True)])
+def test_a_method_without_a_turn_loop_generates_the_same_under_any_agent_budget(
+        method, turn_loop, tokenizer, world_eval, tmp_path):
+    """What lets notebook 08 reuse notebook 06's prompt baselines at another token budget: a method declaring no
+    turn loop makes the same generation calls, with the same limits, and writes the same records whatever the
+    rollout's searches, turn and total budgets and result length are; Search-o1, which declares one, does not."""
+    examples, retriever = world_eval
+    assert METHODS[method].turn_loop is turn_loop
+    runs = []
+    for i, budgets in enumerate([RolloutConfig(), RolloutConfig(max_total_tokens=200, max_turn_tokens=12,
+                                                                max_searches=1, max_result_chars=40,
+                                                                block_repeated_queries=False, result_suffix="\n")]):
+        backend = Recording(tokenizer, replies_for(examples))
+        out = tmp_path / f"{i}.jsonl"
+        evaluate(replace(_config(method, rollout=budgets), limit=4), out, backend=backend, examples=examples[:4],
+                 retriever=Search(retriever, examples), progress=False)
+        records = [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in out.read_text().splitlines()]
+        runs.append((backend.log, records))
+    assert runs[0][0]  # the stand-in answered
+    assert (runs[0] == runs[1]) is not turn_loop
 
 
 def test_without_resume_the_file_starts_over_and_its_sidecar_goes(tokenizer, world_eval, tmp_path):
