@@ -30,4 +30,4 @@ def test_the_agent_loop_benchmark_counts_the_evaluations_model_tokens_in_each_re
 def test_a_repeat_count_below_one_is_one_line():
     with pytest.raises(SystemExit) as stop:
         main(["agent-loop", "--repeats", "0"])
-    assert str(stop.value) == "agent-loop: --questions, --batch and --repeats must be at least 1 (got 40, 20, 0)"
+    assert str(stop.value) == "agent-loop: --questions, --batch and --repeats must be at least 1 (got 80, 20, 0)"
