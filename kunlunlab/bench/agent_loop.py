@@ -30,9 +30,9 @@ from pathlib import Path
 class AgentLoopBenchConfig:
     model: str | None = None     # a trained checkpoint folder (None: the embedded SmolLM2)
     methods: str = "kunlun,agent"
-    # held-out world questions per method: 80 fills the batch of 20 four times over, so the queue's last questions,
-    # finishing alone, weigh as little as in the evaluations the figure stands for (50 in make run, 200+ in Table 2);
-    # at 40 they are twice the share (docs/reference.md, "How fast the agent loop runs")
+    # held-out world questions per method. The count moves both sides: the loop's last questions, finishing alone,
+    # weigh less with more of them, and plain generate's rows (tokens/batch new tokens after the bare prompt) grow;
+    # at 80 plain's rows span about the contexts the agent's rows do (docs/reference.md, "How fast the agent loop runs")
     questions: int = 80
     batch: int = 20
     dtype: str = "auto"          # the generation dtype of both sides (auto: bfloat16 where the CPU has it)
