@@ -313,12 +313,14 @@ class TransformersBackend:
 
 
 class _Partial:
-    """A row's segment in progress: what it generated so far in the current ``generate`` segment and its limit."""
+    """A row's segment in progress: what it generated so far in the current ``generate`` segment, its limit and
+    whether EOS ends it."""
 
-    __slots__ = ("limit", "ids", "logprobs", "interventions")
+    __slots__ = ("limit", "ids", "logprobs", "interventions", "eos_ends")
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, eos_ends: bool = True):
         self.limit, self.ids, self.logprobs, self.interventions = limit, [], [], 0
+        self.eos_ends = eos_ends
 
 
 class TransformersSession:
@@ -558,13 +560,16 @@ class TransformersSession:
 
     # -- the session interface ---------------------------------------------------------------------------------
     def generate(self, rows: Sequence[int], max_new_tokens: int | dict[int, int],
-                 stop: Sequence[str] = STOP_STRINGS, cancel=None, until: str = "all") -> dict[int, Segment]:
+                 stop: Sequence[str] = STOP_STRINGS, cancel=None, until: str = "all",
+                 stop_at_eos: bool = True) -> dict[int, Segment]:
         """Generates for ``rows`` until each hits a stop string, EOS or its limit (``until="all"``), or until at
         least one of them has (``until="any"``: the others keep their segment in progress, and a later call that
         names them continues it under the limit it started with). Returns the segments of the rows that finished.
         ``cancel``: a ``threading.Event`` another thread may set; it is read before each token, so a set event
         stops the call within one decode step with :class:`GenerationCancelled` (``serve-llm`` cancels a request
-        whose client has left this way, instead of generating up to ``max_tokens`` for nobody)."""
+        whose client has left this way, instead of generating up to ``max_tokens`` for nobody).
+        ``stop_at_eos=False``: EOS is a token like any other and each row runs to its limit (vLLM's ``ignore_eos``),
+        so a throughput comparison decodes exactly the token counts it names (``bench rollout``'s plain side)."""
         if until not in ("all", "any"):
             raise ValueError(f"until must be 'all' or 'any', got {until!r}")
         rows = list(rows)
@@ -574,7 +579,7 @@ class TransformersSession:
         out: dict[int, Segment] = {}
         for r in rows:
             if r not in self.partial:
-                self.partial[r] = _Partial(limits.get(r, 0))
+                self.partial[r] = _Partial(limits.get(r, 0), eos_ends=stop_at_eos)
             if self.partial[r].limit <= 0:
                 out[r] = self._finish(r, "length", None)
         active = {self.slot_of[r]: r for r in rows if r not in out}
@@ -624,7 +629,7 @@ class TransformersSession:
         part.logprobs.append(logprob)
         if row in self.drafts:
             self.drafts[row].extend((token,))
-        if token in self.backend.eos_ids:
+        if part.eos_ends and token in self.backend.eos_ids:
             return "eos", None
         hit = _find_stop(self.backend.tokenizer, part.ids, stop)
         if hit:

@@ -21,10 +21,11 @@ mode draws a mixture of Gaussians, for 1M+ vectors without the embedding cost.
 
 ``rollout``: token throughput of the multi-turn rollout (generation, one batched retrieval call
 per turn, result blocks prefilled into the KV cache) against plain batched generation of the same
-number of tokens per row on the same model and prompts; plus retrieval time per call and STIE time
-per round. The embedded model does not search on its own before training, so the benchmark opens
-each turn with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model
-writes, the retrieval calls and the appended results are all real.
+number of tokens per row on the same model and prompts (EOS does not end a plain row: it decodes the
+row's count); plus retrieval time per call and STIE time per round. The embedded model does not search
+on its own before training, so the benchmark opens each turn with a scripted ``<search>``
+(``RolloutConfig.result_suffix``): the tokens the model writes, the retrieval calls and the appended
+results are all real.
 
 ``agent-loop`` and ``dapo-step`` (:mod:`kunlunlab.bench.agent_loop`, issue 54): the evaluation of ``kunlun`` and
 ``agent`` as ``kunlunlab eval`` runs it, in model tokens/s beside plain ``generate`` of as many tokens at the same

@@ -50,11 +50,17 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     rollout_s = time.perf_counter() - start
     model_tokens = {i: t.model_tokens for i, t in enumerate(trajs)}
 
-    start = time.perf_counter()  # plain: the same rows, the same token counts, one generation call
+    # plain: the same rows, one generation call decoding each row's token count; EOS must not end a row early (the
+    # embedded model ends its turn after ``</search>``: stopping there, plain decoded about a quarter of the tokens
+    # and its tokens/s was mostly its prompt's prefill)
+    start = time.perf_counter()
     session = backend.open(prompts)
-    plain = session.generate(range(len(prompts)), model_tokens, stop=())
+    plain = session.generate(range(len(prompts)), model_tokens, stop=(), stop_at_eos=False)
     plain_s = time.perf_counter() - start
     plain_tokens = sum(len(s.token_ids) for s in plain.values())
+    if plain_tokens != sum(model_tokens.values()):
+        raise RuntimeError(f"plain generation decoded {plain_tokens} tokens, the rollout "
+                           f"{sum(model_tokens.values())}: the comparison needs the same count")
 
     rng = np.random.default_rng(cfg.seed)
     names = [p.title for p in world.passages[:200]]
@@ -67,7 +73,8 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
         used += replay(rounds[i:i + 8], stie)[1]
     stie_ms = (time.perf_counter() - start) * 1000 / used
     tokens = sum(model_tokens.values())
-    return {"batch": cfg.batch, "model_tokens": tokens, "appended_tokens": engine.stats.appended_tokens,
+    return {"batch": cfg.batch, "model_tokens": tokens, "plain_tokens": plain_tokens,
+            "appended_tokens": engine.stats.appended_tokens,
             "searches_per_question": round(sum(t.n_searches for t in trajs) / len(trajs), 2),
             "tokens_per_s_plain": round(plain_tokens / plain_s, 1),
             "tokens_per_s_rollout": round(tokens / rollout_s, 1),

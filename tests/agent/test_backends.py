@@ -64,6 +64,19 @@ def test_stop_strings_end_a_row_and_are_kept(backend):
     assert seg.finish == "stop" and seg.stop_string == "</search>" and seg.text.endswith("</search>")
 
 
+def test_a_row_told_not_to_stop_at_eos_runs_to_its_limit_through_the_same_tokens(backend):
+    """``stop_at_eos=False`` (a throughput comparison's plain side) decodes exactly the tokens it is asked for; up to
+    EOS they are the tokens a normal call generates."""
+    prompt = chat_prompt_ids(backend.tokenizer, build_messages("Who directed Jaws?"),
+                             "<think>I need to look this up.</think>\n<search>")
+    eos = backend.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    normal = backend.open([prompt]).generate([0], 40, stop=())[0]
+    assert normal.finish == "eos" and normal.token_ids[-1] == eos and len(normal.token_ids) < 40
+    through = backend.open([prompt]).generate([0], 40, stop=(), stop_at_eos=False)[0]
+    assert through.finish == "length" and len(through.token_ids) == 40
+    assert through.token_ids[:len(normal.token_ids)] == normal.token_ids
+
+
 def test_openai_backend_matches_the_local_backend_through_the_server(backend, prompts):
     with ServerThread(create_app(backend)) as url:
         remote = OpenAIBackend(url, backend.name)
