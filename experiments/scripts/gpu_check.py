@@ -151,7 +151,9 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
 def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
     """Tokens/s of the KV-cached rollout engine against ``model.generate`` on the same greedy batch, and how far their
     greedy tokens agree; ``generate`` at batch 64 against ``generate`` one row at a time (4 rows) is the floor that
-    bf16 arithmetic alone gives (batch-dependent kernels move near-tied argmaxes)."""
+    bf16 arithmetic alone gives (batch-dependent kernels move near-tied argmaxes). EOS ends no row on either side,
+    so both decode ``batch`` x ``new_tokens`` tokens (``generate``'s ``min_new_tokens`` bans EOS; the engine decodes
+    it as a token, ``stop_at_eos=False``): a row whose argmax is EOS parts from ``generate``'s there."""
     from kunlunlab.agent.backends import generate_once
     from kunlunlab.agent.transformers_backend import TransformersBackend
 
@@ -162,9 +164,11 @@ def part_generation(model, tok, device: str, batch: int, prompt_len: int, new_to
     generate_once(backend, prompts[:2], 4, stop=())  # warm-up
     _sync(device)
     t0 = time.perf_counter()
-    segments = generate_once(backend, prompts, new_tokens, stop=())
+    session = backend.open(prompts)
+    finished = session.generate(range(batch), new_tokens, stop=(), stop_at_eos=False)
     _sync(device)
     engine_s = time.perf_counter() - t0
+    segments = [finished[i] for i in range(batch)]
     engine_tokens = sum(len(s.token_ids) for s in segments)
     ids = torch.tensor(prompts, device=device)
 
