@@ -181,7 +181,8 @@ def test_bench_prints_the_same_json_keys(capsys, monkeypatch):
         "cluster_build_s", "cluster_budget", "pareto", "best_at_095", "pareto_s"]
     assert result["n_vectors"] == 1200 and result["dim"] == 384 and result["queries"] == 30
     assert result["disk_bytes_per_vector"] == 4 * 384 and result["flat_bytes_per_vector"] == pytest.approx(4 * 384, rel=0.01)
-    assert result["speedup_vs_flat"] == pytest.approx(result["flat_ms"] / result["cluster_ms"], rel=0.05)
+    # printed to 2 decimals: at this size the cluster retriever is ~20x slower than Flat, a speedup of ~0.05
+    assert result["speedup_vs_flat"] == pytest.approx(result["flat_ms"] / result["cluster_ms"], rel=0.05, abs=0.005)
     assert result["ivfpq_nprobe"] == 16 and result["nlist"] == 64
     # 32 warm-up queries served by each cluster retriever, then 30 timed ones: the annealing clock at 62
     assert result["cluster_temperature"] == pytest.approx(0.05 + 0.45 * math.exp(-62 / 1000), abs=1e-4)
