@@ -49,6 +49,7 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     trajs = engine.run(prompts, questions, prefixes=[opener] * len(prompts))
     rollout_s = time.perf_counter() - start
     model_tokens = {i: t.model_tokens for i, t in enumerate(trajs)}
+    tokens = sum(model_tokens.values())
 
     # plain: the same rows, one generation call decoding each row's token count; EOS must not end a row early (the
     # embedded model ends its turn after ``</search>``: stopping there, plain decoded about a quarter of the tokens
@@ -58,9 +59,9 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     plain = session.generate(range(len(prompts)), model_tokens, stop=(), stop_at_eos=False)
     plain_s = time.perf_counter() - start
     plain_tokens = sum(len(s.token_ids) for s in plain.values())
-    if plain_tokens != sum(model_tokens.values()):
-        raise RuntimeError(f"plain generation decoded {plain_tokens} tokens, the rollout "
-                           f"{sum(model_tokens.values())}: the comparison needs the same count")
+    if plain_tokens != tokens:
+        raise RuntimeError(f"plain generation decoded {plain_tokens} tokens, the rollout {tokens}: the comparison "
+                           "needs the same count")
 
     rng = np.random.default_rng(cfg.seed)
     names = [p.title for p in world.passages[:200]]
@@ -72,7 +73,6 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     for i in range(0, len(rounds), 8):
         used += replay(rounds[i:i + 8], stie)[1]
     stie_ms = (time.perf_counter() - start) * 1000 / used
-    tokens = sum(model_tokens.values())
     return {"batch": cfg.batch, "model_tokens": tokens, "plain_tokens": plain_tokens,
             "appended_tokens": engine.stats.appended_tokens,
             "searches_per_question": round(sum(t.n_searches for t in trajs) / len(trajs), 2),
