@@ -63,6 +63,19 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
         raise RuntimeError(f"plain generation decoded {plain_tokens} tokens, the rollout {tokens}: the comparison "
                            "needs the same count")
 
+    # what the appended blocks cost alone: each row's environment tokens prefilled after its prompt in one forward
+    # of that row (no turns, no decoding, no retrieval, no padding). A loop whose only cost beyond plain decoding
+    # were these prefills would reach ``ratio_plain_plus_prefill``; the ratio cannot pass it by much (docs/reference.md)
+    appended = [[tok for tok, own in zip(t.completion_ids, t.mask) if not own] for t in trajs]
+    if sum(map(len, appended)) != engine.stats.appended_tokens:
+        raise RuntimeError(f"the trajectories hold {sum(map(len, appended))} environment tokens, the engine appended "
+                           f"{engine.stats.appended_tokens}: the prefill side needs the same tokens")
+    session = backend.open(prompts)
+    start = time.perf_counter()
+    for row, ids in enumerate(appended):
+        session.append({row: ids})
+    prefill_s = time.perf_counter() - start
+
     rng = np.random.default_rng(cfg.seed)
     names = [p.title for p in world.passages[:200]]
     rounds = [RoundInput(names[int(rng.integers(0, 40))], float(rng.uniform(0.1, 0.99)),
@@ -79,6 +92,8 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
             "tokens_per_s_plain": round(plain_tokens / plain_s, 1),
             "tokens_per_s_rollout": round(tokens / rollout_s, 1),
             "ratio": round((tokens / rollout_s) / (plain_tokens / plain_s), 3),
+            "appends_prefill_s": round(prefill_s, 2),
+            "ratio_plain_plus_prefill": round(plain_s / (plain_s + prefill_s), 3),
             "retrieval_ms_per_call": round(1000 * engine.stats.retrieve_s / max(1, engine.stats.retrieval_calls), 2),
             "retrieval_calls": engine.stats.retrieval_calls,
             "stie_ms_per_round": round(stie_ms, 4), "threads": torch.get_num_threads()}
