@@ -67,14 +67,15 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     # of that row (no turns, no decoding, no retrieval, no padding). A loop whose only cost beyond plain decoding
     # were these prefills would reach ``ratio_plain_plus_prefill``; the ratio cannot pass it by much (docs/reference.md)
     appended = [[tok for tok, own in zip(t.completion_ids, t.mask) if not own] for t in trajs]
-    if sum(map(len, appended)) != engine.stats.appended_tokens:
-        raise RuntimeError(f"the trajectories hold {sum(map(len, appended))} environment tokens, the engine appended "
-                           f"{engine.stats.appended_tokens}: the prefill side needs the same tokens")
     session = backend.open(prompts)
+    before = session.tokens_processed
     start = time.perf_counter()
     for row, ids in enumerate(appended):
         session.append({row: ids})
     prefill_s = time.perf_counter() - start
+    if session.tokens_processed - before != engine.stats.appended_tokens:
+        raise RuntimeError(f"the prefill side fed {session.tokens_processed - before} tokens, the engine appended "
+                           f"{engine.stats.appended_tokens}: the comparison needs the same tokens")
 
     rng = np.random.default_rng(cfg.seed)
     names = [p.title for p in world.passages[:200]]
