@@ -22,11 +22,11 @@ mode draws a mixture of Gaussians, for 1M+ vectors without the embedding cost.
 ``rollout``: token throughput of the multi-turn rollout (generation, one batched retrieval call
 per turn, result blocks prefilled into the KV cache) against plain batched generation of the same
 number of tokens per row on the same model and prompts (EOS does not end a plain row: it decodes the
-row's count); the same rows' appended tokens prefilled alone (``ratio_plain_plus_prefill``: what a loop
-whose only extra cost were those prefills would reach); plus retrieval time per call and STIE time per round. The embedded model does not search
-on its own before training, so the benchmark opens each turn with a scripted ``<search>``
-(``RolloutConfig.result_suffix``): the tokens the model writes, the retrieval calls and the appended
-results are all real.
+row's count); the rollout's appended tokens prefilled alone (``ratio_plain_plus_prefill``: what a loop
+whose only extra cost were those prefills would reach); plus retrieval time per call and STIE time per
+round. The embedded model does not search on its own before training, so the benchmark opens each turn
+with a scripted ``<search>`` (``RolloutConfig.result_suffix``): the tokens the model writes, the
+retrieval calls and the appended results are all real.
 
 ``agent-loop`` and ``dapo-step`` (:mod:`kunlunlab.bench.agent_loop`, issue 54): the evaluation of ``kunlun`` and
 ``agent`` as ``kunlunlab eval`` runs it, in model tokens/s beside plain ``generate`` of as many tokens at the same

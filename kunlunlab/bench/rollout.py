@@ -65,7 +65,7 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
 
     # what the appended blocks cost alone: each row's environment tokens prefilled after its prompt in one forward
     # of that row (no turns, no decoding, no retrieval, no padding). A loop whose only cost beyond plain decoding
-    # were these prefills would reach ``ratio_plain_plus_prefill``; the ratio cannot pass it by much (docs/reference.md)
+    # were these prefills would reach ``ratio_plain_plus_prefill`` (docs/reference.md, "How fast the agent loop runs")
     appended = [[tok for tok, own in zip(t.completion_ids, t.mask) if not own] for t in trajs]
     session = backend.open(prompts)
     before = session.tokens_processed
