@@ -72,6 +72,8 @@ def bench_rollout(cfg: RolloutBenchConfig) -> dict:
     start = time.perf_counter()
     for row, ids in enumerate(appended):
         session.append({row: ids})
+    if backend.device.type == "cuda":  # an append reads nothing back: wait for its kernels before the clock stops
+        torch.cuda.synchronize(backend.device)
     prefill_s = time.perf_counter() - start
     if session.tokens_processed - before != engine.stats.appended_tokens:
         raise RuntimeError(f"the prefill side fed {session.tokens_processed - before} tokens, the engine appended "
