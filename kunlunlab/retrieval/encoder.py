@@ -4,8 +4,8 @@ In RAG-RL rollouts the same sub-questions recur across a group of samples and ac
 query encoding, not the index lookup, is the dominant retrieval cost; an LRU cache removes it for
 repeats. For new queries, ``query_precision`` runs the query side through ONNX Runtime (``onnx``:
 the float32 vectors, from an export of the embedder cached on disk), or on a copy of the embedder in
-bfloat16 (AMX / AVX512-BF16 CPUs, GPUs) or with int8 dynamic quantisation of its linear layers
-(``torch.ao``); passages are always embedded by the float32 model, so cached corpus embeddings and
+bfloat16 (AMX / AVX512-BF16 CPUs, GPUs), or through that ONNX export with int8 weights (``int8``, ONNX
+Runtime's dynamic quantisation); passages are always embedded by the float32 model, so cached corpus embeddings and
 indexes do not depend on it. ``python -m kunlunlab.bench encode`` measures the speed and the recall@10 each
 precision costs against float32 queries.
 
@@ -73,15 +73,19 @@ class OnnxQueryModel:
     """float32 query vectors through ONNX Runtime: the embedder's transformer, its pooling and the
     normalisation exported once to ONNX (cached under ``<cache>/onnx``) and run by ORT's CPU kernels.
     For 8 short queries eager PyTorch spends most of its time outside the arithmetic; ORT's fused graph
-    does not (``bench encode``). Same vectors as the float32 model up to ~2e-7."""
+    does not (``bench encode``). Same vectors as the float32 model up to ~2e-7.
 
-    def __init__(self, model, name: str, threads: int | None = None):
+    ``int8``: that export with its weights quantised to int8 per output channel and its activations per
+    call (ONNX Runtime's dynamic quantisation, cached beside it), the int8 query path since torch's
+    ``torch.ao.quantization.quantize_dynamic`` was deprecated for torchao."""
+
+    def __init__(self, model, name: str, threads: int | None = None, int8: bool = False):
         import onnxruntime as ort  # deferred: optional, only the onnx query path needs it
         import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
         self.tokenizer = model.tokenizer
         self.max_length = int(model.max_seq_length or 256)
-        self.path = path = self._export(model, name)
+        self.path = path = self._quantised(self._export(model, name)) if int8 else self._export(model, name)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -131,7 +135,7 @@ class OnnxQueryModel:
                 return torch.nn.functional.normalize(pooled, dim=-1)
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial.onnx")
+        tmp = path.with_suffix(f".partial-{os.getpid()}.onnx")  # a process of its own: workers may race
 
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter's notes on indexing and masks
@@ -142,6 +146,22 @@ class OnnxQueryModel:
         tmp.replace(path)
         return path
 
+    @staticmethod
+    def _quantised(path):
+        """The int8 model of a float32 export, written once beside it, named by what made it: another
+        ONNX Runtime or another scheme writes a file of its own."""
+        import onnxruntime  # deferred: as in __init__
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantised = path.with_suffix(f".int8-per-channel-ort{onnxruntime.__version__}.onnx")
+        if quantised.is_file():
+            return quantised
+        tmp = path.with_suffix(f".int8.partial-{os.getpid()}.onnx")  # a process of its own: workers may race
+        # per channel: recall@10 against float32 queries 0.931, per tensor 0.848 (bench encode, 2026-12-05)
+        quantize_dynamic(str(path), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+        tmp.replace(quantised)
+        return quantised
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         features = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
                                   return_tensors="np")
@@ -150,21 +170,18 @@ class OnnxQueryModel:
 
 
 def query_model(model, precision: str, name: str = ""):
-    """The model that embeds queries: ``model`` itself (float32), its ONNX Runtime export (onnx), or a
-    copy in bfloat16, or a copy whose ``nn.Linear`` layers are int8 dynamically quantised (weights int8,
-    activations quantised per batch)."""
+    """The model that embeds queries: ``model`` itself (float32), its ONNX Runtime export (onnx), that export
+    with int8 weights and activations quantised per call (int8), or a copy in bfloat16."""
     if precision == "float32":
         return model
-    if precision == "onnx":
-        return OnnxQueryModel(model, name or type(model).__name__)
+    if precision in ("onnx", "int8"):
+        return OnnxQueryModel(model, name or type(model).__name__, int8=precision == "int8")
     import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
 
     copied = copy.deepcopy(model)
     if precision == "bfloat16":
         return copied.to(torch.bfloat16)
-    from torch.ao.quantization import quantize_dynamic  # deferred: as torch above
-
-    return quantize_dynamic(copied, {torch.nn.Linear}, dtype=torch.qint8)
+    raise ValueError(f"unknown query precision {precision!r}; choose from {QUERY_PRECISIONS}")
 
 
 class Encoder:
@@ -224,7 +241,7 @@ class Encoder:
             return np.empty((0, self.dim), dtype=np.float32)
         if self.query_precision == "float32":  # the path every figure before 2026-11-23 was measured with
             return self._encode([self.query_prefix + q for q in queries])
-        if self.query_precision == "onnx":
+        if self.query_precision in ("onnx", "int8"):
             return self.query_model.embed([self.query_prefix + q for q in queries])
         model = self.query_model
         # One forward pass through the model's modules instead of SentenceTransformer.encode: for a few short

@@ -1,8 +1,10 @@
 """The query side of the embedder in bfloat16 / int8 (``Encoder(query_precision=...)``) and
 ``python -m kunlunlab.bench encode``: faster query vectors that find the same passages."""
 import json
+import warnings
 
 import numpy as np
+import onnx
 import pytest
 
 from kunlunlab.retrieval.encoder import Encoder, resolve_query_precision
@@ -47,6 +49,27 @@ def test_onnx_queries_equal_float32_ones_and_the_export_is_cached(float32_vector
     assert sorted(p.stat().st_mtime_ns for p in (again.query_model.path.parent).glob("*.onnx")) == exported
     # padding inside a batch changes nothing: each query alone gives its batched vector
     np.testing.assert_allclose(np.concatenate([again.embed_queries([q]) for q in QUERIES]), float32_vectors, atol=1e-5)
+
+
+def test_int8_queries_multiply_in_int8_through_onnx_runtime_and_are_quantised_once(tmp_path, monkeypatch,
+                                                                                     float32_vectors):
+    from kunlunlab.retrieval import encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "cache_dir", lambda: tmp_path)
+    enc = Encoder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # torch.ao's quantize_dynamic, deprecated, is not used
+        enc.set_query_precision("int8")
+        vectors = enc.embed_queries(QUERIES)
+    assert (vectors * float32_vectors).sum(1).min() >= 0.95
+    graph = onnx.load(str(enc.query_model.path)).graph
+    # MiniLM-L6: 6 layers x (query, key, value, output, two feed-forward) linear layers, every one in int8
+    assert sum(node.op_type == "MatMulInteger" for node in graph.node) == 36
+    quantised = {p.name: p.stat().st_mtime_ns for p in tmp_path.joinpath("onnx").iterdir()}
+    assert len(quantised) == 2  # the float32 export and its int8 model, no partial file left
+    again = Encoder(query_precision="int8")
+    np.testing.assert_array_equal(again.embed_queries(QUERIES), vectors)
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.joinpath("onnx").iterdir()} == quantised
 
 
 @pytest.mark.slow
