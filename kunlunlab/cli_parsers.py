@@ -67,6 +67,8 @@ def build_index_parser(sub) -> argparse.ArgumentParser:
 
 
 def serve_retriever_parser(sub) -> argparse.ArgumentParser:
+    from kunlunlab.retrieval.encoder import QUERY_PRECISIONS  # deferred: as in build_index_parser
+
     s = sub.add_parser("serve-retriever", help="serve a saved index over HTTP (POST /retrieve, GET /health)")
     s.add_argument("--index", required=True)
     s.add_argument("--embedder", default=None, help="refuse to serve unless the index was built with this")
@@ -81,7 +83,7 @@ def serve_retriever_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--no-micro-batching", action="store_true", help="search one request at a time")
     s.add_argument("--device", default="cpu", help="where queries are encoded and a flat index searches: cpu, cuda, "
                    "cuda:N, auto (faiss-gpu where FAISS has it, else an exact torch search in float16)")
-    s.add_argument("--query-precision", default="float32", choices=("float32", "onnx", "bfloat16", "int8", "auto"),
+    s.add_argument("--query-precision", default="float32", choices=QUERY_PRECISIONS,
                    help="query encoder: float32 (what the agent figures were measured with), or auto: bfloat16 where "
                         "the CPU/GPU multiplies it natively (1.6x the requests/s under load, recall@10 -0.005; "
                         "README, bench service)")
