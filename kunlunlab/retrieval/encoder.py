@@ -85,7 +85,8 @@ class OnnxQueryModel:
 
         self.tokenizer = model.tokenizer
         self.max_length = int(model.max_seq_length or 256)
-        self.path = path = self._quantised(self._export(model, name)) if int8 else self._export(model, name)
+        exported = self._export(model, name)
+        self.path = path = self._quantised(exported) if int8 else exported
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -182,11 +183,10 @@ def query_model(model, precision: str, name: str = ""):
         return model
     if precision in ("onnx", "int8"):
         return OnnxQueryModel(model, name or type(model).__name__, int8=precision == "int8")
-    import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
-
-    copied = copy.deepcopy(model)
     if precision == "bfloat16":
-        return copied.to(torch.bfloat16)
+        import torch  # deferred: the BM25, FAISS and service paths of retrieval run without torch
+
+        return copy.deepcopy(model).to(torch.bfloat16)
     raise ValueError(f"unknown query precision {precision!r}; choose from {QUERY_PRECISIONS}")
 
 
@@ -247,7 +247,7 @@ class Encoder:
             return np.empty((0, self.dim), dtype=np.float32)
         if self.query_precision == "float32":  # the path every figure before 2026-11-23 was measured with
             return self._encode([self.query_prefix + q for q in queries])
-        if self.query_precision in ("onnx", "int8"):
+        if isinstance(self.query_model, OnnxQueryModel):  # onnx and int8
             return self.query_model.embed([self.query_prefix + q for q in queries])
         model = self.query_model
         # One forward pass through the model's modules instead of SentenceTransformer.encode: for a few short
